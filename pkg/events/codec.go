@@ -1,0 +1,76 @@
+package events
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+)
+
+// registry maps each wire type to a constructor of its payload. The schema
+// version each accepts is the payload's own SchemaVersion.
+var registry = map[Type]func() Payload{
+	TypeProbeResult:       func() Payload { return &ProbeResult{} },
+	TypeHealthTransition:  func() Payload { return &HealthTransition{} },
+	TypeNodeHeartbeat:     func() Payload { return &NodeHeartbeat{} },
+	TypeArbiterDecision:   func() Payload { return &ArbiterDecision{} },
+	TypeClaimIP:           func() Payload { return &ClaimIP{} },
+	TypeReleaseIP:         func() Payload { return &ReleaseIP{} },
+	TypeAnswerPBX:         func() Payload { return &AnswerPBX{} },
+	TypeCommandResult:     func() Payload { return &CommandResult{} },
+	TypeFailbackPermit:    func() Payload { return &FailbackPermit{} },
+	TypeReplicationStatus: func() Payload { return &ReplicationStatus{} },
+	TypeServiceAnnounce:   func() Payload { return &ServiceAnnounce{} },
+}
+
+// Types lists every registered type, for golden tests and documentation.
+func Types() []Type {
+	out := make([]Type, 0, len(registry))
+	for t := range registry {
+		out = append(out, t)
+	}
+	return out
+}
+
+// Decode parses and validates an encoded envelope and its payload.
+//
+// Unknown JSON fields are ignored on purpose: a producer may add an optional
+// field without a version bump, and older consumers must keep working. What
+// is refused: oversized input, an unknown type, a schema version this build
+// does not speak, and missing or malformed required fields.
+//
+// The returned payload is a pointer to the concrete type (for example
+// *ClaimIP); use a type switch.
+func Decode(b []byte) (Envelope, Payload, error) {
+	if len(b) > MaxEncodedSize {
+		return Envelope{}, nil, fmt.Errorf("decode: %w (%d > %d bytes)", ErrTooLarge, len(b), MaxEncodedSize)
+	}
+	var e Envelope
+	if err := json.Unmarshal(b, &e); err != nil {
+		return Envelope{}, nil, fmt.Errorf("decode envelope: %w", err)
+	}
+	mk, ok := registry[e.Type]
+	if !ok {
+		return e, nil, fmt.Errorf("decode %q: %w", e.Type, ErrUnknownType)
+	}
+	p := mk()
+	if e.Version != p.SchemaVersion() {
+		return e, nil, fmt.Errorf("decode %s v%d: %w (this build speaks v%d)", e.Type, e.Version, ErrUnknownVersion, p.SchemaVersion())
+	}
+	if err := e.validateHeader(); err != nil {
+		return e, nil, fmt.Errorf("decode %s: %w", e.Type, err)
+	}
+	data := bytes.TrimSpace(e.Data)
+	if len(data) == 0 || data[0] != '{' {
+		return e, nil, fmt.Errorf("decode %s: %w: data must be an object", e.Type, ErrInvalidField)
+	}
+	if err := json.Unmarshal(data, p); err != nil {
+		return e, nil, fmt.Errorf("decode %s data: %w", e.Type, err)
+	}
+	if err := p.Validate(); err != nil {
+		return e, nil, fmt.Errorf("decode %s: %w", e.Type, err)
+	}
+	if _, ok := p.(epochCarrier); ok && e.Epoch == 0 {
+		return e, nil, fmt.Errorf("decode %s: %w: epoch (commands are fenced)", e.Type, ErrMissingField)
+	}
+	return e, p, nil
+}

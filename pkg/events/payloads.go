@@ -1,0 +1,550 @@
+package events
+
+import (
+	"fmt"
+	"net/netip"
+	"time"
+)
+
+// Event and command types. The string is the wire name; never reuse one.
+const (
+	TypeProbeResult       Type = "probe.result"
+	TypeHealthTransition  Type = "health.transition"
+	TypeNodeHeartbeat     Type = "node.heartbeat"
+	TypeArbiterDecision   Type = "arbiter.decision"
+	TypeClaimIP           Type = "command.claim_ip"
+	TypeReleaseIP         Type = "command.release_ip"
+	TypeAnswerPBX         Type = "command.answer_pbx"
+	TypeCommandResult     Type = "command.result"
+	TypeFailbackPermit    Type = "failback.permit"
+	TypeReplicationStatus Type = "replication.status"
+	TypeServiceAnnounce   Type = "service.announce"
+)
+
+// Health is the state of one check (or quorum group) as the prober sees it.
+type Health string
+
+const (
+	HealthUnknown Health = "unknown"
+	HealthUp      Health = "up"
+	HealthDown    Health = "down"
+)
+
+func (h Health) valid() bool { return h == HealthUnknown || h == HealthUp || h == HealthDown }
+
+// Role says what a check looks at, relative to the node running it. The
+// arbiter reads peer checks to tell a dead node from one cut off from the bus.
+type Role string
+
+const (
+	RoleSelf Role = "self"
+	RolePeer Role = "peer"
+	RoleVIP  Role = "vip"
+)
+
+func (r Role) valid() bool { return r == RoleSelf || r == RolePeer || r == RoleVIP }
+
+// ErrorClass lets consumers tell kinds of failure apart without parsing text:
+// a wrong AMI password must never look like a timeout.
+type ErrorClass string
+
+const (
+	ErrorTimeout  ErrorClass = "timeout"
+	ErrorRefused  ErrorClass = "refused"
+	ErrorAuth     ErrorClass = "auth"
+	ErrorProtocol ErrorClass = "protocol"
+	ErrorUnhealth ErrorClass = "unhealthy" // the peer answered, and the answer means "not healthy"
+	ErrorOther    ErrorClass = "other"
+)
+
+// ProbeResult is one run of one check.
+type ProbeResult struct {
+	Check      string             `json:"check"`
+	Kind       string             `json:"kind"`
+	Target     string             `json:"target"`
+	TargetNode string             `json:"target_node"`
+	Role       Role               `json:"role"`
+	OK         bool               `json:"ok"`
+	DurationMS float64            `json:"duration_ms"`
+	Error      string             `json:"error,omitempty"`
+	ErrorClass ErrorClass         `json:"error_class,omitempty"`
+	Figures    map[string]float64 `json:"figures,omitempty"`
+	At         time.Time          `json:"at"`
+}
+
+func (ProbeResult) EventType() Type    { return TypeProbeResult }
+func (ProbeResult) SchemaVersion() int { return 1 }
+func (p ProbeResult) subject(e Envelope) string {
+	return ProbeResultSubject(e.Cluster, e.Source.Node)
+}
+
+func (p ProbeResult) Validate() error {
+	if err := ValidToken("check", p.Check); err != nil {
+		return err
+	}
+	if err := ValidToken("target_node", p.TargetNode); err != nil {
+		return err
+	}
+	if p.Kind == "" {
+		return fmt.Errorf("%w: kind", ErrMissingField)
+	}
+	if !p.Role.valid() {
+		return fmt.Errorf("%w: role %q", ErrInvalidField, p.Role)
+	}
+	if p.At.IsZero() {
+		return fmt.Errorf("%w: at", ErrMissingField)
+	}
+	if !p.OK && p.Error == "" {
+		return fmt.Errorf("%w: error (a failed result must say why)", ErrMissingField)
+	}
+	return nil
+}
+
+// Evidence is one result that contributed to a transition.
+type Evidence struct {
+	At         time.Time  `json:"at"`
+	OK         bool       `json:"ok"`
+	DurationMS float64    `json:"duration_ms"`
+	Error      string     `json:"error,omitempty"`
+	ErrorClass ErrorClass `json:"error_class,omitempty"`
+}
+
+// HealthTransition is a check (or quorum group) crossing rise or fall.
+// Evidence holds the consecutive results that caused it, oldest first.
+type HealthTransition struct {
+	Check       string     `json:"check"`
+	TargetNode  string     `json:"target_node"`
+	Role        Role       `json:"role"`
+	From        Health     `json:"from"`
+	To          Health     `json:"to"`
+	Reason      string     `json:"reason"`
+	Consecutive int        `json:"consecutive"`
+	Rise        int        `json:"rise"`
+	Fall        int        `json:"fall"`
+	Evidence    []Evidence `json:"evidence"`
+}
+
+func (HealthTransition) EventType() Type    { return TypeHealthTransition }
+func (HealthTransition) SchemaVersion() int { return 1 }
+func (h HealthTransition) subject(e Envelope) string {
+	return HealthSubject(e.Cluster, e.Source.Node)
+}
+
+func (h HealthTransition) Validate() error {
+	if err := ValidToken("check", h.Check); err != nil {
+		return err
+	}
+	if err := ValidToken("target_node", h.TargetNode); err != nil {
+		return err
+	}
+	if !h.Role.valid() {
+		return fmt.Errorf("%w: role %q", ErrInvalidField, h.Role)
+	}
+	if !h.From.valid() || !h.To.valid() || h.From == h.To {
+		return fmt.Errorf("%w: transition %q -> %q", ErrInvalidField, h.From, h.To)
+	}
+	if h.Rise < 1 || h.Fall < 1 {
+		return fmt.Errorf("%w: rise and fall must be at least 1", ErrInvalidField)
+	}
+	if len(h.Evidence) == 0 {
+		return fmt.Errorf("%w: evidence", ErrMissingField)
+	}
+	return nil
+}
+
+// CheckState is the level-triggered view of one check inside a heartbeat, so
+// a consumer that missed a transition converges on the next heartbeat.
+type CheckState struct {
+	TargetNode string `json:"target_node"`
+	Role       Role   `json:"role"`
+	Health     Health `json:"health"`
+	// Since is when the check entered this state; SinceEvent is the
+	// transition that put it there (empty while unknown).
+	Since      time.Time `json:"since"`
+	SinceEvent string    `json:"since_event,omitempty"`
+}
+
+// NodeHeartbeat is seed 002's telemetry plus the prober's current view.
+type NodeHeartbeat struct {
+	Node              string                `json:"node"`
+	Seq               uint64                `json:"seq"`
+	IntervalMS        int64                 `json:"interval_ms"`
+	CPUPercent        float64               `json:"cpu_percent"`
+	MemAvailableBytes uint64                `json:"mem_available_bytes"`
+	MemTotalBytes     uint64                `json:"mem_total_bytes"`
+	Load1             float64               `json:"load1"`
+	UptimeSeconds     float64               `json:"uptime_seconds"`
+	ActiveChannels    *int                  `json:"active_channels,omitempty"`
+	ActiveCalls       *int                  `json:"active_calls,omitempty"`
+	Version           string                `json:"version"`
+	Checks            map[string]CheckState `json:"checks,omitempty"`
+}
+
+func (NodeHeartbeat) EventType() Type    { return TypeNodeHeartbeat }
+func (NodeHeartbeat) SchemaVersion() int { return 1 }
+func (h NodeHeartbeat) subject(e Envelope) string {
+	return HeartbeatSubject(e.Cluster, h.Node)
+}
+
+func (h NodeHeartbeat) Validate() error {
+	if err := ValidToken("node", h.Node); err != nil {
+		return err
+	}
+	if h.IntervalMS <= 0 {
+		return fmt.Errorf("%w: interval_ms", ErrMissingField)
+	}
+	if h.Version == "" {
+		return fmt.Errorf("%w: version", ErrMissingField)
+	}
+	for name, c := range h.Checks {
+		if err := ValidToken("checks key", name); err != nil {
+			return err
+		}
+		if !c.Health.valid() || !c.Role.valid() {
+			return fmt.Errorf("%w: checks[%s]", ErrInvalidField, name)
+		}
+	}
+	return nil
+}
+
+// Action is what the arbiter decided for a group.
+type Action string
+
+const (
+	ActionPlace      Action = "place"      // first holder for a group that had none
+	ActionFailover   Action = "failover"   // holder lost, another node takes over
+	ActionFailback   Action = "failback"   // back to the preferred node inside a window
+	ActionSwitchover Action = "switchover" // operator-requested move
+	ActionRetry      Action = "retry"      // a claim failed or timed out: next candidate
+	ActionHold       Action = "hold"       // decided not to move, and why
+)
+
+func (a Action) valid() bool {
+	switch a {
+	case ActionPlace, ActionFailover, ActionFailback, ActionSwitchover, ActionRetry, ActionHold:
+		return true
+	}
+	return false
+}
+
+// ArbiterDecision records a decision and the events that caused it, so any
+// move can be explained after the fact.
+type ArbiterDecision struct {
+	Group    string   `json:"group"`
+	Action   Action   `json:"action"`
+	From     string   `json:"from,omitempty"`
+	To       string   `json:"to,omitempty"`
+	Reason   string   `json:"reason"`
+	CausedBy []string `json:"caused_by"`
+	Commands []string `json:"commands,omitempty"`
+}
+
+func (ArbiterDecision) EventType() Type    { return TypeArbiterDecision }
+func (ArbiterDecision) SchemaVersion() int { return 1 }
+func (d ArbiterDecision) subject(e Envelope) string {
+	return DecisionSubject(e.Cluster, d.Group)
+}
+
+func (d ArbiterDecision) Validate() error {
+	if err := ValidToken("group", d.Group); err != nil {
+		return err
+	}
+	if !d.Action.valid() {
+		return fmt.Errorf("%w: action %q", ErrInvalidField, d.Action)
+	}
+	if d.Reason == "" {
+		return fmt.Errorf("%w: reason", ErrMissingField)
+	}
+	if len(d.CausedBy) == 0 {
+		return fmt.Errorf("%w: caused_by (every decision names its causes)", ErrMissingField)
+	}
+	if d.Action != ActionHold {
+		if err := ValidToken("to", d.To); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ClaimIP tells a node's executor to take the group's addresses.
+type ClaimIP struct {
+	Group     string    `json:"group"`
+	Node      string    `json:"node"`
+	Addresses []string  `json:"addresses"` // prefixes, e.g. 198.51.100.10/24 or 2001:db8::10/64
+	NotAfter  time.Time `json:"not_after"`
+	// PreviousHolder, when fenced, is known not to answer any more, so the
+	// executor may claim even if that node's MAC still answers ARP.
+	PreviousHolder       string `json:"previous_holder,omitempty"`
+	PreviousHolderFenced bool   `json:"previous_holder_fenced,omitempty"`
+}
+
+func (ClaimIP) EventType() Type    { return TypeClaimIP }
+func (ClaimIP) SchemaVersion() int { return 1 }
+func (ClaimIP) requiresEpoch()     {}
+
+// Deadline is when the command stops being valid; executors refuse it after.
+func (c ClaimIP) Deadline() time.Time { return c.NotAfter }
+func (c ClaimIP) subject(e Envelope) string {
+	return CommandSubject(e.Cluster, c.Node, VerbClaim)
+}
+func (c ClaimIP) Validate() error {
+	return validateAddressCommand(c.Group, c.Node, c.Addresses, c.NotAfter)
+}
+
+// ReleaseIP tells a node's executor to give the group's addresses up.
+type ReleaseIP struct {
+	Group     string    `json:"group"`
+	Node      string    `json:"node"`
+	Addresses []string  `json:"addresses"`
+	NotAfter  time.Time `json:"not_after"`
+	Reason    string    `json:"reason,omitempty"`
+}
+
+func (ReleaseIP) EventType() Type    { return TypeReleaseIP }
+func (ReleaseIP) SchemaVersion() int { return 1 }
+func (ReleaseIP) requiresEpoch()     {}
+
+// Deadline is when the command stops being valid; executors refuse it after.
+func (c ReleaseIP) Deadline() time.Time { return c.NotAfter }
+func (c ReleaseIP) subject(e Envelope) string {
+	return CommandSubject(e.Cluster, c.Node, VerbRelease)
+}
+func (c ReleaseIP) Validate() error {
+	return validateAddressCommand(c.Group, c.Node, c.Addresses, c.NotAfter)
+}
+
+func validateAddressCommand(group, node string, addrs []string, notAfter time.Time) error {
+	if err := ValidToken("group", group); err != nil {
+		return err
+	}
+	if err := ValidToken("node", node); err != nil {
+		return err
+	}
+	if len(addrs) == 0 {
+		return fmt.Errorf("%w: addresses", ErrMissingField)
+	}
+	for _, a := range addrs {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			return fmt.Errorf("%w: address %q: %v", ErrInvalidField, a, err)
+		}
+	}
+	if notAfter.IsZero() {
+		return fmt.Errorf("%w: not_after (every command has a deadline)", ErrMissingField)
+	}
+	return nil
+}
+
+// AnswerMode is how a node makes its PBX answer on a claimed address.
+type AnswerMode string
+
+const (
+	AnswerHot     AnswerMode = "hot"     // already bound through ip_nonlocal_bind: nothing to do
+	AnswerReload  AnswerMode = "reload"  // AMI Reload of the configured modules
+	AnswerRestart AnswerMode = "restart" // restart the PBX service
+)
+
+func (m AnswerMode) valid() bool { return m == AnswerHot || m == AnswerReload || m == AnswerRestart }
+
+// AnswerPBX asks a node to make its PBX answer on the group's addresses
+// (after a claim that did not already do so).
+type AnswerPBX struct {
+	Group    string     `json:"group"`
+	Node     string     `json:"node"`
+	Mode     AnswerMode `json:"mode"`
+	Modules  []string   `json:"modules,omitempty"`
+	NotAfter time.Time  `json:"not_after"`
+}
+
+func (AnswerPBX) EventType() Type    { return TypeAnswerPBX }
+func (AnswerPBX) SchemaVersion() int { return 1 }
+func (AnswerPBX) requiresEpoch()     {}
+
+// Deadline is when the command stops being valid; executors refuse it after.
+func (c AnswerPBX) Deadline() time.Time { return c.NotAfter }
+func (c AnswerPBX) subject(e Envelope) string {
+	return CommandSubject(e.Cluster, c.Node, VerbAnswer)
+}
+
+func (c AnswerPBX) Validate() error {
+	if err := ValidToken("group", c.Group); err != nil {
+		return err
+	}
+	if err := ValidToken("node", c.Node); err != nil {
+		return err
+	}
+	if !c.Mode.valid() {
+		return fmt.Errorf("%w: mode %q", ErrInvalidField, c.Mode)
+	}
+	if c.NotAfter.IsZero() {
+		return fmt.Errorf("%w: not_after", ErrMissingField)
+	}
+	return nil
+}
+
+// Outcome is what an executor did with a command.
+type Outcome string
+
+const (
+	OutcomeApplied    Outcome = "applied"
+	OutcomeDuplicate  Outcome = "duplicate"   // already applied: acknowledged, nothing done
+	OutcomeStaleEpoch Outcome = "stale_epoch" // older than an epoch already seen: refused
+	OutcomeExpired    Outcome = "expired"     // past its deadline: refused
+	OutcomeFailed     Outcome = "failed"
+)
+
+func (o Outcome) valid() bool {
+	switch o {
+	case OutcomeApplied, OutcomeDuplicate, OutcomeStaleEpoch, OutcomeExpired, OutcomeFailed:
+		return true
+	}
+	return false
+}
+
+// Step is one timed stage of carrying out a command.
+type Step struct {
+	Name      string    `json:"name"`
+	At        time.Time `json:"at"`
+	ElapsedMS float64   `json:"elapsed_ms"` // since the command was received
+}
+
+// CommandResult reports the outcome of one command. Its envelope's causation
+// id is the command's id.
+type CommandResult struct {
+	CommandID   string  `json:"command_id"`
+	CommandType Type    `json:"command_type"`
+	Node        string  `json:"node"`
+	Group       string  `json:"group"`
+	Outcome     Outcome `json:"outcome"`
+	Error       string  `json:"error,omitempty"`
+	Steps       []Step  `json:"steps,omitempty"`
+}
+
+func (CommandResult) EventType() Type    { return TypeCommandResult }
+func (CommandResult) SchemaVersion() int { return 1 }
+func (r CommandResult) subject(e Envelope) string {
+	return CommandResultSubject(e.Cluster, r.Node)
+}
+
+func (r CommandResult) Validate() error {
+	if r.CommandID == "" {
+		return fmt.Errorf("%w: command_id", ErrMissingField)
+	}
+	switch r.CommandType {
+	case TypeClaimIP, TypeReleaseIP, TypeAnswerPBX:
+	default:
+		return fmt.Errorf("%w: command_type %q", ErrInvalidField, r.CommandType)
+	}
+	if err := ValidToken("node", r.Node); err != nil {
+		return err
+	}
+	if err := ValidToken("group", r.Group); err != nil {
+		return err
+	}
+	if !r.Outcome.valid() {
+		return fmt.Errorf("%w: outcome %q", ErrInvalidField, r.Outcome)
+	}
+	if r.Outcome != OutcomeApplied && r.Outcome != OutcomeDuplicate && r.Error == "" {
+		return fmt.Errorf("%w: error (a refused or failed command must say why)", ErrMissingField)
+	}
+	return nil
+}
+
+// FailbackPermit says failback is allowed for a group until ValidUntil.
+type FailbackPermit struct {
+	Group      string    `json:"group"`
+	Window     string    `json:"window"`
+	ValidFrom  time.Time `json:"valid_from"`
+	ValidUntil time.Time `json:"valid_until"`
+}
+
+func (FailbackPermit) EventType() Type    { return TypeFailbackPermit }
+func (FailbackPermit) SchemaVersion() int { return 1 }
+func (p FailbackPermit) subject(e Envelope) string {
+	return PermitSubject(e.Cluster, p.Group)
+}
+
+func (p FailbackPermit) Validate() error {
+	if err := ValidToken("group", p.Group); err != nil {
+		return err
+	}
+	if p.Window == "" {
+		return fmt.Errorf("%w: window", ErrMissingField)
+	}
+	if p.ValidFrom.IsZero() || !p.ValidUntil.After(p.ValidFrom) {
+		return fmt.Errorf("%w: valid_from must precede valid_until", ErrInvalidField)
+	}
+	return nil
+}
+
+// ReplicationStatus reports a replication pass from one node to a peer.
+type ReplicationStatus struct {
+	Node       string  `json:"node"`
+	Peer       string  `json:"peer"`
+	Tree       string  `json:"tree"`
+	Files      int64   `json:"files"`
+	Bytes      int64   `json:"bytes"`
+	DurationMS float64 `json:"duration_ms"`
+	LagMS      float64 `json:"lag_ms"`
+	CaughtUp   bool    `json:"caught_up"`
+	Error      string  `json:"error,omitempty"`
+}
+
+func (ReplicationStatus) EventType() Type    { return TypeReplicationStatus }
+func (ReplicationStatus) SchemaVersion() int { return 1 }
+func (r ReplicationStatus) subject(e Envelope) string {
+	return ReplicationSubject(e.Cluster, r.Node)
+}
+
+func (r ReplicationStatus) Validate() error {
+	if err := ValidToken("node", r.Node); err != nil {
+		return err
+	}
+	if err := ValidToken("peer", r.Peer); err != nil {
+		return err
+	}
+	if r.Tree == "" {
+		return fmt.Errorf("%w: tree", ErrMissingField)
+	}
+	if r.Files < 0 || r.Bytes < 0 {
+		return fmt.Errorf("%w: negative counts", ErrInvalidField)
+	}
+	return nil
+}
+
+// ServiceState is a service instance's lifecycle stage.
+type ServiceState string
+
+const (
+	ServiceStarted  ServiceState = "started"
+	ServiceStopping ServiceState = "stopping"
+)
+
+// ServiceAnnounce is published when a service instance starts and stops.
+type ServiceAnnounce struct {
+	Service string       `json:"service"`
+	Node    string       `json:"node"`
+	Version string       `json:"version"`
+	State   ServiceState `json:"state"`
+}
+
+func (ServiceAnnounce) EventType() Type    { return TypeServiceAnnounce }
+func (ServiceAnnounce) SchemaVersion() int { return 1 }
+func (a ServiceAnnounce) subject(e Envelope) string {
+	return AnnounceSubject(e.Cluster, a.Service, a.Node)
+}
+
+func (a ServiceAnnounce) Validate() error {
+	if err := ValidToken("service", a.Service); err != nil {
+		return err
+	}
+	if err := ValidToken("node", a.Node); err != nil {
+		return err
+	}
+	if a.Version == "" {
+		return fmt.Errorf("%w: version", ErrMissingField)
+	}
+	if a.State != ServiceStarted && a.State != ServiceStopping {
+		return fmt.Errorf("%w: state %q", ErrInvalidField, a.State)
+	}
+	return nil
+}

@@ -1,0 +1,290 @@
+// Package bus connects a fan service to NATS JetStream (an external cluster,
+// or the real nats-server embedded in-process for labs and tests), provisions
+// the streams and buckets fan needs without ever fighting another instance,
+// and publishes and consumes fan's events and commands.
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Config says how to reach the bus. Exactly one of URL or Embedded is set.
+type Config struct {
+	// URL lists servers, comma separated: nats://n1:4222,nats://n2:4222.
+	URL string `yaml:"url"`
+	// Creds is a JWT credentials file (operator mode); NKeySeed a seed file.
+	Creds    string    `yaml:"creds"`
+	NKeySeed string    `yaml:"nkey_seed"`
+	TLS      TLSConfig `yaml:"tls"`
+	// Embedded runs the real nats-server inside this process (labs, tests).
+	Embedded *Embedded `yaml:"embedded"`
+	// EventsMaxAge bounds how long the audit stream keeps events.
+	EventsMaxAge config.Duration `yaml:"events_max_age"`
+	// Replicas of every stream and bucket: 1 in a lab, 3 on a production cluster.
+	Replicas int `yaml:"replicas"`
+	// PingInterval bounds how long a dead server connection goes unnoticed
+	// (twice this, as two pings may be outstanding).
+	PingInterval config.Duration `yaml:"ping_interval"`
+}
+
+// TLSConfig enables TLS (and mutual TLS when Cert and Key are set).
+type TLSConfig struct {
+	CA   string `yaml:"ca"`
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// Embedded configures an in-process nats-server with JetStream.
+type Embedded struct {
+	StoreDir string `yaml:"store_dir"`
+	// Listen, when set (host:port), also serves other processes; empty
+	// means in-process connections only.
+	Listen     string `yaml:"listen"`
+	ServerName string `yaml:"server_name"`
+}
+
+// Defaults fills unset fields.
+func (c *Config) Defaults() {
+	if c.EventsMaxAge == 0 {
+		c.EventsMaxAge = config.Duration(90 * 24 * time.Hour)
+	}
+	if c.Replicas == 0 {
+		c.Replicas = 1
+	}
+	if c.PingInterval == 0 {
+		c.PingInterval = config.Duration(2 * time.Second)
+	}
+}
+
+// Validate checks the config; key names are relative to the bus section.
+func (c *Config) Validate() error {
+	if (c.URL == "") == (c.Embedded == nil) {
+		return config.Errf("bus", "set exactly one of bus.url or bus.embedded")
+	}
+	if c.Embedded != nil && c.Embedded.StoreDir == "" {
+		return config.Errf("bus.embedded.store_dir", "required")
+	}
+	if c.Creds != "" && c.NKeySeed != "" {
+		return config.Errf("bus.creds", "set bus.creds or bus.nkey_seed, not both")
+	}
+	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
+		return config.Errf("bus.tls", "cert and key go together")
+	}
+	if c.Replicas < 0 || c.Replicas > 5 {
+		return config.Errf("bus.replicas", "must be 1..5, got %d", c.Replicas)
+	}
+	return nil
+}
+
+// Identity names the service instance on the bus.
+type Identity struct {
+	Cluster string
+	Service string
+	Node    string
+	Version string
+}
+
+// Bus is a live connection. NC and JS are exposed for the few services that
+// need more than this package offers (the arbiter's lease).
+type Bus struct {
+	NC  *nats.Conn
+	JS  jetstream.JetStream
+	cfg Config
+	id  Identity
+	log *slog.Logger
+	srv *server.Server
+}
+
+// Connect dials the bus (starting the embedded server first if configured).
+// It keeps retrying while ctx lives: a service that starts before NATS waits
+// for it instead of exiting.
+func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*Bus, error) {
+	cfg.Defaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	b := &Bus{cfg: cfg, id: id, log: log}
+	opts := []nats.Option{
+		nats.Name("fan-" + id.Service + "-" + id.Node),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		// No reconnect buffer: a command or event published while
+		// disconnected must fail now, not be delivered late and stale
+		// after the reconnect (research/nats_patterns.md §6).
+		nats.ReconnectBufSize(-1),
+		nats.PingInterval(cfg.PingInterval.D()),
+		nats.MaxPingsOutstanding(2),
+		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
+			log.Warn("bus disconnected", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			log.Info("bus reconnected", "server", nc.ConnectedUrlRedacted())
+		}),
+		nats.ClosedHandler(func(*nats.Conn) { log.Info("bus connection closed") }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			log.Warn("bus async error", "err", err)
+		}),
+	}
+	if cfg.Creds != "" {
+		opts = append(opts, nats.UserCredentials(cfg.Creds))
+	}
+	if cfg.NKeySeed != "" {
+		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeed)
+		if err != nil {
+			return nil, fmt.Errorf("bus nkey seed %s: %w", cfg.NKeySeed, err)
+		}
+		opts = append(opts, o)
+	}
+	if cfg.TLS.CA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
+	}
+	if cfg.TLS.Cert != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
+	}
+
+	url := cfg.URL
+	if cfg.Embedded != nil {
+		srv, err := StartEmbedded(*cfg.Embedded, log)
+		if err != nil {
+			return nil, err
+		}
+		b.srv = srv
+		opts = append(opts, nats.InProcessServer(srv))
+		url = ""
+	}
+
+	var nc *nats.Conn
+	backoff := 100 * time.Millisecond
+	for {
+		var err error
+		nc, err = nats.Connect(url, opts...)
+		if err == nil {
+			break
+		}
+		log.Warn("bus connect failed, retrying", "url", redact(url), "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			b.shutdownServer()
+			return nil, fmt.Errorf("bus connect %s: %w (last error: %v)", redact(url), ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		b.shutdownServer()
+		return nil, fmt.Errorf("bus jetstream: %w", err)
+	}
+	b.NC, b.JS = nc, js
+	return b, nil
+}
+
+func redact(url string) string {
+	if url == "" {
+		return "in-process"
+	}
+	parts := strings.Split(url, ",")
+	for i, p := range parts {
+		if at := strings.LastIndex(p, "@"); at >= 0 {
+			if s := strings.Index(p, "://"); s >= 0 && s < at {
+				parts[i] = p[:s+3] + "***" + p[at:]
+			}
+		}
+	}
+	return strings.Join(parts, ",")
+}
+
+// Identity returns who this connection speaks for.
+func (b *Bus) Identity() Identity { return b.id }
+
+// Source is the events.Source this service stamps on what it publishes.
+func (b *Bus) Source() events.Source { return events.Source{Service: b.id.Service, Node: b.id.Node} }
+
+// Close drains the connection (delivering what was already published) and
+// stops the embedded server, if any.
+func (b *Bus) Close() {
+	if b.NC != nil {
+		done := make(chan struct{})
+		b.NC.SetClosedHandler(func(*nats.Conn) { close(done) })
+		if err := b.NC.Drain(); err != nil {
+			b.NC.Close()
+		} else {
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				b.NC.Close()
+			}
+		}
+	}
+	b.shutdownServer()
+}
+
+func (b *Bus) shutdownServer() {
+	if b.srv != nil {
+		b.srv.Shutdown()
+		b.srv.WaitForShutdown()
+		b.srv = nil
+	}
+}
+
+// StartEmbedded starts the real nats-server with JetStream in this process.
+func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
+	if err := os.MkdirAll(e.StoreDir, 0o750); err != nil {
+		return nil, fmt.Errorf("embedded nats store %s: %w", e.StoreDir, err)
+	}
+	opts := &server.Options{
+		ServerName:         e.ServerName,
+		JetStream:          true,
+		StoreDir:           e.StoreDir,
+		NoSigs:             true,
+		DontListen:         e.Listen == "",
+		JetStreamMaxMemory: 64 << 20,
+		JetStreamMaxStore:  1 << 30,
+	}
+	if opts.ServerName == "" {
+		opts.ServerName = "fan-embedded"
+	}
+	if e.Listen != "" {
+		host, port, err := splitHostPort(e.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats listen %q: %w", e.Listen, err)
+		}
+		opts.Host, opts.Port = host, port
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	srv.SetLoggerV2(serverLogger{log.With("component", "nats-server")}, false, false, false)
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, errors.New("embedded nats: not ready after 10s")
+	}
+	return srv, nil
+}
+
+// serverLogger adapts nats-server's logger to slog. Fatalf must not exit the
+// process: the embedding service decides how to stop.
+type serverLogger struct{ l *slog.Logger }
+
+func (s serverLogger) Noticef(f string, v ...any) { s.l.Debug(fmt.Sprintf(f, v...)) }
+func (s serverLogger) Warnf(f string, v ...any)   { s.l.Warn(fmt.Sprintf(f, v...)) }
+func (s serverLogger) Fatalf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
+func (s serverLogger) Errorf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
+func (s serverLogger) Debugf(f string, v ...any)  {}
+func (s serverLogger) Tracef(f string, v ...any)  {}

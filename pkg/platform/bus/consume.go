@@ -1,0 +1,105 @@
+package bus
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// WatchOptions selects which events to read and from where.
+type WatchOptions struct {
+	Subjects []string
+	// Since starts at the first event at or after this time; zero means
+	// only events published from now on. All starts at the beginning.
+	Since time.Time
+	All   bool
+}
+
+// EventHandler receives decoded events one at a time, in stream order.
+type EventHandler func(env events.Envelope, p events.Payload, seq uint64)
+
+// Watch reads the audit stream with an ordered consumer (it survives
+// reconnects and notices gaps) and calls fn for every event that decodes,
+// until ctx ends. Events that do not decode are logged and skipped: one bad
+// producer must not stop a consumer.
+func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error {
+	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: o.Subjects, DeliverPolicy: jetstream.DeliverNewPolicy}
+	switch {
+	case o.All:
+		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	case !o.Since.IsZero():
+		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
+		since := o.Since
+		cfg.OptStartTime = &since
+	}
+	var cons jetstream.Consumer
+	err := retry(ctx, b, "watch events", func(ctx context.Context) error {
+		var err error
+		cons, err = b.JS.OrderedConsumer(ctx, EventsStream, cfg)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	cc, err := cons.Consume(func(m jetstream.Msg) {
+		env, p, err := events.Decode(m.Data())
+		if err != nil {
+			b.log.Warn("skipping undecodable event", "subject", m.Subject(), "err", err)
+			return
+		}
+		var seq uint64
+		if md, err := m.Metadata(); err == nil {
+			seq = md.Sequence.Stream
+		}
+		fn(env, p, seq)
+	})
+	if err != nil {
+		return fmt.Errorf("watch events: %w", err)
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}
+
+// CommandHandler carries out one command and publishes its result. It is
+// called one command at a time per node, in stream order.
+type CommandHandler func(ctx context.Context, env events.Envelope, cmd events.Command)
+
+// ConsumeCommands feeds this node's commands to h until ctx ends. A command
+// is acknowledged only after h returns, so a crash mid-command redelivers it
+// (and the executor's own at-most-once record turns it into a duplicate).
+func (b *Bus) ConsumeCommands(ctx context.Context, node string, h CommandHandler) error {
+	c, err := b.ExecutorConsumer(ctx, node)
+	if err != nil {
+		return err
+	}
+	cc, err := c.Consume(func(m jetstream.Msg) {
+		env, p, err := events.Decode(m.Data())
+		if err != nil {
+			b.log.Error("refusing undecodable command", "subject", m.Subject(), "err", err)
+			_ = m.TermWithReason("undecodable: " + err.Error())
+			return
+		}
+		cmd, ok := p.(events.Command)
+		if !ok {
+			b.log.Error("refusing non-command on a command subject", "subject", m.Subject(), "type", env.Type)
+			_ = m.TermWithReason("not a command")
+			return
+		}
+		h(ctx, env, cmd)
+		ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		if err := m.DoubleAck(ackCtx); err != nil {
+			b.log.Warn("command ack failed; it may be redelivered", "event_id", env.ID, "err", err)
+		}
+	})
+	if err != nil {
+		return fmt.Errorf("consume commands for %s: %w", node, err)
+	}
+	<-ctx.Done()
+	cc.Stop()
+	return nil
+}

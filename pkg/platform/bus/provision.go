@@ -1,0 +1,206 @@
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Names of what fan keeps on JetStream. They are part of the operator-facing
+// contract (permissions, `nats stream view`), so they never change.
+const (
+	EventsStream   = "FAN_EVENTS"
+	CommandsStream = "FAN_CMD"
+	StateBucket    = "fan_state"
+)
+
+// CommandDedupeWindow is how long the command stream remembers message ids.
+// It exceeds any command deadline, so a re-published command inside its
+// validity is always recognised (executors also dedupe, because the server
+// forgets ids of acknowledged messages after a restart).
+const CommandDedupeWindow = 10 * time.Minute
+
+func (b *Bus) eventsConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        EventsStream,
+		Description: "fan audit trail: every observation, decision and result",
+		Subjects:    []string{events.AllEvents()},
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      b.cfg.EventsMaxAge.D(),
+		Storage:     jetstream.FileStorage,
+		Replicas:    b.cfg.Replicas,
+		Duplicates:  2 * time.Minute,
+		DenyDelete:  true,
+		// Streams cannot share subjects, so the audit stream sources the
+		// command stream to keep every command after it has been consumed.
+		Sources: []*jetstream.StreamSource{{Name: CommandsStream, FilterSubject: events.AllCommands()}},
+	}
+}
+
+func (b *Bus) commandsConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        CommandsStream,
+		Description: "fan commands to node executors, and the leases that fence them",
+		// Leases share the stream with commands so a command can be made
+		// conditional on the lease's last sequence (server-side fencing).
+		Subjects:    []string{events.AllCommands(), events.AllLeases()},
+		// Limits, not work-queue, retention: the audit stream's source is a
+		// consumer too, and on a work-queue stream it acknowledges (deletes)
+		// commands before their executor sees them (seen on nats-server
+		// 2.15.2). Each executor's durable consumer tracks its own position,
+		// and the per-message TTL removes a command at its deadline.
+		Retention:   jetstream.LimitsPolicy,
+		Storage:     jetstream.FileStorage,
+		Replicas:    b.cfg.Replicas,
+		MaxAge:      time.Hour,
+		Duplicates:  CommandDedupeWindow,
+		AllowMsgTTL: true,
+	}
+}
+
+func (b *Bus) stateConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      StateBucket,
+		Description: "fan cluster state: holders per group, registry",
+		History:     5,
+		Storage:     jetstream.FileStorage,
+		Replicas:    b.cfg.Replicas,
+	}
+}
+
+// Provision creates fan's streams and buckets when they are missing. It never
+// changes an existing one: two services with slightly different settings
+// must not overwrite each other on every start. A difference is logged, and
+// an operator applies it deliberately. It retries until ctx ends, because
+// JetStream may still be electing leaders when a service starts.
+func (b *Bus) Provision(ctx context.Context) error {
+	return retry(ctx, b, "provision", func(ctx context.Context) error {
+		if err := b.ensureStream(ctx, b.commandsConfig()); err != nil {
+			return err
+		}
+		if err := b.ensureStream(ctx, b.eventsConfig()); err != nil {
+			return err
+		}
+		if _, err := b.JS.KeyValue(ctx, StateBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+			if _, err := b.JS.CreateKeyValue(ctx, b.stateConfig()); err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
+				return fmt.Errorf("create bucket %s: %w", StateBucket, err)
+			}
+		} else if err != nil {
+			return fmt.Errorf("bucket %s: %w", StateBucket, err)
+		}
+		return nil
+	})
+}
+
+func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
+	_, err := b.JS.CreateStream(ctx, want)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+		return fmt.Errorf("create stream %s: %w", want.Name, err)
+	}
+	s, err := b.JS.Stream(ctx, want.Name)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", want.Name, err)
+	}
+	have := s.CachedInfo().Config
+	if diff := streamDiff(have, want); diff != "" {
+		b.log.Warn("existing stream differs from this service's settings; leaving it as it is",
+			"stream", want.Name, "difference", diff)
+	}
+	return nil
+}
+
+// streamDiff names the settings that matter for fan's guarantees.
+func streamDiff(have, want jetstream.StreamConfig) string {
+	switch {
+	case !slices.Equal(have.Subjects, want.Subjects):
+		return fmt.Sprintf("subjects %v, want %v", have.Subjects, want.Subjects)
+	case have.Retention != want.Retention:
+		return fmt.Sprintf("retention %v, want %v", have.Retention, want.Retention)
+	case have.MaxAge != want.MaxAge:
+		return fmt.Sprintf("max age %v, want %v", have.MaxAge, want.MaxAge)
+	case have.Replicas != want.Replicas:
+		return fmt.Sprintf("replicas %d, want %d", have.Replicas, want.Replicas)
+	case have.AllowMsgTTL != want.AllowMsgTTL:
+		return fmt.Sprintf("allow msg ttl %v, want %v", have.AllowMsgTTL, want.AllowMsgTTL)
+	}
+	return ""
+}
+
+// ExecutorConsumer returns (creating it when missing) the durable consumer
+// through which one node's executor reads its commands. One message in
+// flight at a time keeps commands for a node in order.
+func (b *Bus) ExecutorConsumer(ctx context.Context, node string) (jetstream.Consumer, error) {
+	name := "exec-" + b.id.Cluster + "-" + node
+	cfg := jetstream.ConsumerConfig{
+		Durable:       name,
+		Description:   "commands for " + node,
+		FilterSubject: events.NodeCommands(b.id.Cluster, node),
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    5,
+		MaxAckPending: 1,
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+	}
+	var c jetstream.Consumer
+	err := retry(ctx, b, "executor consumer", func(ctx context.Context) error {
+		var err error
+		c, err = b.JS.CreateOrUpdateConsumer(ctx, CommandsStream, cfg)
+		if err != nil {
+			return fmt.Errorf("consumer %s: %w", name, err)
+		}
+		return nil
+	})
+	return c, err
+}
+
+// StateKV opens the cluster state bucket.
+func (b *Bus) StateKV(ctx context.Context) (jetstream.KeyValue, error) {
+	kv, err := b.JS.KeyValue(ctx, StateBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", StateBucket, err)
+	}
+	return kv, nil
+}
+
+// retry runs op until it succeeds or ctx ends, backing off between tries.
+func retry(ctx context.Context, b *Bus, what string, op func(context.Context) error) error {
+	backoff := 100 * time.Millisecond
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := op(attempt)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		b.log.Warn(what+" failed, retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%s: %w (last error: %v)", what, ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, 2*time.Second)
+	}
+}
+
+func splitHostPort(hp string) (string, int, error) {
+	host, p, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(p)
+	if err != nil {
+		return "", 0, fmt.Errorf("port %q: %w", p, err)
+	}
+	return host, port, nil
+}

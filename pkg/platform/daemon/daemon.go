@@ -1,0 +1,103 @@
+// Package daemon is the lifecycle every fan binary shares: flags, logging,
+// signals (SIGINT and SIGTERM, since systemd stops services with SIGTERM),
+// the common configuration section, the bus connection, the start and stop
+// announcements, and the /metrics and /healthz endpoint.
+package daemon
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// Service is what a fan binary runs until ctx ends.
+type Service interface {
+	Run(ctx context.Context) error
+}
+
+// Options are the command-line settings every fan binary accepts.
+type Options struct {
+	ConfigPath string
+	Logger     *slog.Logger
+	Version    string
+}
+
+// Builder loads the configuration at opts.ConfigPath and builds the service
+// without starting anything, so --check-config can use it too.
+type Builder func(opts Options) (Service, error)
+
+// Run is the whole body of a fan binary's main: it returns the exit code.
+func Run(args []string, name, version, defaultConfig string, build Builder) int {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	cfgPath := fs.String("config", defaultConfig, "configuration file")
+	check := fs.Bool("check-config", false, "validate the configuration and exit (non-zero on any error)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
+	level := fs.String("log-level", envOr("FAN_LOG_LEVEL", "info"), "debug, info, warn or error")
+	format := fs.String("log-format", envOr("FAN_LOG_FORMAT", "json"), "json or text")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(os.Stdout, name, version)
+		return 0
+	}
+	if *check && fs.NArg() == 1 {
+		*cfgPath = fs.Arg(0)
+	}
+	log, err := NewLogger(os.Stderr, *level, *format)
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	log = log.With("service", name)
+
+	svc, err := build(Options{ConfigPath: *cfgPath, Logger: log, Version: version})
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		return 1
+	}
+	if *check {
+		fmt.Fprintf(os.Stdout, "%s: configuration %s is valid\n", name, *cfgPath)
+		return 0
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log.Info("starting", "version", version, "config", *cfgPath, "pid", os.Getpid())
+	if err := svc.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+		log.Error("stopped with an error", "err", err)
+		return 1
+	}
+	log.Info("stopped")
+	return 0
+}
+
+// NewLogger builds the slog logger fan services use.
+func NewLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("log level %q: %w", level, err)
+	}
+	o := &slog.HandlerOptions{Level: l}
+	switch strings.ToLower(format) {
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, o)), nil
+	case "text":
+		return slog.New(slog.NewTextHandler(w, o)), nil
+	}
+	return nil, fmt.Errorf("log format %q: want json or text", format)
+}
+
+func envOr(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
