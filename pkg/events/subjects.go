@@ -37,6 +37,9 @@ func ClusterEvents(cluster string) string { return EventRoot + "." + cluster + "
 // AllCommands matches every command of every cluster (the command stream's subjects).
 func AllCommands() string { return CommandRoot + ".>" }
 
+// ClusterCommands matches every command of one cluster.
+func ClusterCommands(cluster string) string { return CommandRoot + "." + cluster + ".>" }
+
 // AllLeases matches every lease subject.
 func AllLeases() string { return LeaseRoot + ".>" }
 

@@ -9,6 +9,9 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
+	"strconv"
+	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -35,7 +38,7 @@ func Parse(name string, b []byte, dst any) error {
 	dec := yaml.NewDecoder(bytes.NewReader(b))
 	dec.KnownFields(true)
 	if err := dec.Decode(dst); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("config %s: %w", name, err)
+		return fmt.Errorf("config %s: %w%s", name, err, quoteLine(b, err))
 	}
 	if v, ok := dst.(Validator); ok {
 		if err := v.Validate(); err != nil {
@@ -43,6 +46,23 @@ func Parse(name string, b []byte, dst any) error {
 		}
 	}
 	return nil
+}
+
+var linePattern = regexp.MustCompile(`line (\d+)`)
+
+// quoteLine shows the offending source line, because YAML errors from
+// custom types know the line but not the key.
+func quoteLine(src []byte, err error) string {
+	m := linePattern.FindStringSubmatch(err.Error())
+	if m == nil {
+		return ""
+	}
+	n, _ := strconv.Atoi(m[1])
+	lines := strings.Split(string(src), "\n")
+	if n < 1 || n > len(lines) {
+		return ""
+	}
+	return fmt.Sprintf(" (at %q)", strings.TrimSpace(lines[n-1]))
 }
 
 // Duration is a time.Duration written as "200ms", "5s" or "1h" in YAML.

@@ -138,3 +138,19 @@ func (rt *Runtime) stopHTTP() {
 		_ = rt.http.Shutdown(ctx)
 	}
 }
+
+// Serve starts the runtime, runs body until it returns, then closes the
+// runtime with a fresh deadline (ctx is usually cancelled by then). body
+// should return when ctx ends; its clean-up that still needs the bus (a
+// final event) belongs before it returns.
+func Serve(ctx context.Context, c Common, service, version string, log *slog.Logger, body func(ctx context.Context, rt *Runtime) error) error {
+	rt, err := Start(ctx, c, service, version, log)
+	if err != nil {
+		return fmt.Errorf("%s start: %w", service, err)
+	}
+	err = body(ctx, rt)
+	sctx, cancel := rt.ShutdownContext(ctx)
+	defer cancel()
+	rt.Close(sctx)
+	return err
+}

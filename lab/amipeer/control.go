@@ -1,0 +1,184 @@
+package amipeer
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+)
+
+// The control protocol is one command line per connection, answered with
+// text and a close. A unix socket is used because it is reachable from every
+// network namespace of the lab, where the peer's TCP port may not be.
+// A reply whose first line starts with "error: " reports a failed command.
+
+// ControlServer serves control commands for one peer on a unix socket.
+type ControlServer struct {
+	ln   net.Listener
+	peer *Peer
+	log  *slog.Logger
+	wg   sync.WaitGroup
+}
+
+// ListenControl serves control commands for p on the unix socket at path,
+// replacing a stale socket left by an earlier run. logger may be nil.
+func ListenControl(p *Peer, path string, logger *slog.Logger) (*ControlServer, error) {
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&fs.ModeSocket != 0 {
+		_ = os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("amipeer: control listen %s: %w", path, err)
+	}
+	cs := &ControlServer{ln: ln, peer: p, log: logger}
+	cs.wg.Add(1)
+	go cs.serve()
+	return cs, nil
+}
+
+// Close stops serving and removes the socket file.
+func (cs *ControlServer) Close() error {
+	err := cs.ln.Close()
+	cs.wg.Wait()
+	return err
+}
+
+func (cs *ControlServer) serve() {
+	defer cs.wg.Done()
+	for {
+		c, err := cs.ln.Accept()
+		if err != nil {
+			return
+		}
+		cs.wg.Add(1)
+		go func() {
+			defer cs.wg.Done()
+			defer c.Close()
+			_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+			line, err := bufio.NewReader(io.LimitReader(c, 4096)).ReadString('\n')
+			if err != nil && line == "" {
+				return
+			}
+			reply, err := ExecControl(cs.peer, strings.Fields(line))
+			if err != nil {
+				cs.log.Warn("amipeer control command failed", "command", strings.TrimSpace(line), "err", err)
+				reply = "error: " + err.Error() + "\n"
+			} else {
+				cs.log.Info("amipeer control command", "command", strings.TrimSpace(line))
+			}
+			_, _ = io.WriteString(c, reply)
+		}()
+	}
+}
+
+// ControlUsage lists the control commands.
+const ControlUsage = "normal | dead | frozen | failing | slow DURATION | channels N CALLS [PROCESSED] | actions | status"
+
+// ExecControl runs one control command against p and returns its reply:
+// "ok" lines for changes, JSON for actions (one object per line) and status.
+func ExecControl(p *Peer, args []string) (string, error) {
+	if len(args) == 0 {
+		return "", fmt.Errorf("no command (%s)", ControlUsage)
+	}
+	switch args[0] {
+	case "normal", "dead", "frozen", "failing":
+		if len(args) != 1 {
+			return "", fmt.Errorf("%s takes no arguments", args[0])
+		}
+		if err := p.SetMode(Mode(args[0])); err != nil {
+			return "", err
+		}
+		return "ok mode " + args[0] + "\n", nil
+	case "slow":
+		if len(args) > 2 {
+			return "", errors.New("usage: slow [DURATION]")
+		}
+		if len(args) == 2 {
+			d, err := time.ParseDuration(args[1])
+			if err != nil || d < 0 {
+				return "", fmt.Errorf("slow: bad duration %q", args[1])
+			}
+			p.SetSlowDelay(d)
+		}
+		if err := p.SetMode(ModeSlow); err != nil {
+			return "", err
+		}
+		return "ok mode slow " + p.Status().SlowDelay + "\n", nil
+	case "channels":
+		if len(args) < 3 || len(args) > 4 {
+			return "", errors.New("usage: channels N CALLS [PROCESSED]")
+		}
+		var nums []int
+		for _, a := range args[1:] {
+			n, err := strconv.Atoi(a)
+			if err != nil || n < 0 {
+				return "", fmt.Errorf("channels: bad number %q", a)
+			}
+			nums = append(nums, n)
+		}
+		f := p.Status().Figures
+		f.Channels, f.Calls = nums[0], nums[1]
+		if len(nums) == 3 {
+			f.Processed = nums[2]
+		}
+		p.SetFigures(f)
+		return fmt.Sprintf("ok channels %d calls %d processed %d\n", f.Channels, f.Calls, f.Processed), nil
+	case "actions":
+		var b strings.Builder
+		enc := json.NewEncoder(&b)
+		for _, a := range p.Actions() {
+			if err := enc.Encode(a); err != nil {
+				return "", err
+			}
+		}
+		return b.String(), nil
+	case "status":
+		b, err := json.Marshal(p.Status())
+		if err != nil {
+			return "", err
+		}
+		return string(b) + "\n", nil
+	}
+	return "", fmt.Errorf("unknown command %q (%s)", args[0], ControlUsage)
+}
+
+// Control sends one command to the control socket at path and returns the
+// reply; a reply reporting a failure is returned as an error.
+func Control(ctx context.Context, path string, args ...string) (string, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return "", fmt.Errorf("amipeer: control dial %s: %w", path, err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+	if _, err := io.WriteString(c, strings.Join(args, " ")+"\n"); err != nil {
+		return "", fmt.Errorf("amipeer: control send: %w", err)
+	}
+	b, err := io.ReadAll(c)
+	if err != nil {
+		return "", fmt.Errorf("amipeer: control reply: %w", err)
+	}
+	reply := string(b)
+	if msg, ok := strings.CutPrefix(reply, "error: "); ok {
+		return "", fmt.Errorf("amipeer: control %s: %s", strings.Join(args, " "), strings.TrimSpace(msg))
+	}
+	return reply, nil
+}

@@ -1,0 +1,72 @@
+package amipeer
+
+import (
+	"context"
+	"encoding/json"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestControlSocket(t *testing.T) {
+	p := startPeer(t, Config{})
+	path := filepath.Join(t.TempDir(), "ctl.sock")
+	cs, err := ListenControl(p, path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cs.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	ctl := func(args ...string) string {
+		t.Helper()
+		out, err := Control(ctx, path, args...)
+		if err != nil {
+			t.Fatalf("ctl %v: %v", args, err)
+		}
+		return out
+	}
+
+	for _, m := range []string{"frozen", "failing", "dead", "normal"} {
+		if out := ctl(m); out != "ok mode "+m+"\n" {
+			t.Errorf("ctl %s: %q", m, out)
+		}
+		if p.Mode() != Mode(m) {
+			t.Errorf("after ctl %s mode is %s", m, p.Mode())
+		}
+	}
+	if out := ctl("slow", "250ms"); out != "ok mode slow 250ms\n" || p.Mode() != ModeSlow {
+		t.Errorf("ctl slow: %q, mode %s", out, p.Mode())
+	}
+	if out := ctl("channels", "5", "2"); out != "ok channels 5 calls 2 processed 0\n" {
+		t.Errorf("ctl channels: %q", out)
+	}
+
+	r := dialRaw(t, p.Addr())
+	r.login()
+	var st Status
+	if err := json.Unmarshal([]byte(ctl("status")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.Mode != ModeSlow || st.Figures.Channels != 5 || st.Figures.Calls != 2 || st.Sessions != 1 || st.Addr != p.Addr() || st.SlowDelay != "250ms" {
+		t.Errorf("status: %+v", st)
+	}
+	lines := strings.Split(strings.TrimSpace(ctl("actions")), "\n")
+	var a Action
+	if len(lines) != 1 || json.Unmarshal([]byte(lines[0]), &a) != nil || a.Name != "Login" {
+		t.Errorf("actions: %q", lines)
+	}
+
+	for _, bad := range [][]string{{"explode"}, {"slow", "soon"}, {"channels", "1"}, {"normal", "now"}} {
+		if out, err := Control(ctx, path, bad...); err == nil {
+			t.Errorf("ctl %v accepted: %q", bad, out)
+		}
+	}
+	if err := cs.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := Control(ctx, path, "status"); err == nil {
+		t.Error("control socket still answers after Close")
+	}
+}

@@ -1,0 +1,132 @@
+// Package e2e runs fan's real binaries as separate processes in network
+// namespaces and proves one failover end to end.
+package e2e
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/lab/netlab"
+	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/events"
+)
+
+func TestFailoverEndToEnd(t *testing.T) {
+	stack.RequireLab(t)
+	bin := stack.BinDirForTest(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	l, err := netlab.Build(ctx, netlab.Spec{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := l.Close(); err != nil {
+			t.Errorf("lab close: %v", err)
+		}
+	})
+	st, err := stack.Start(ctx, l, stack.Options{BinDir: bin, Log: log})
+	if st != nil {
+		t.Cleanup(func() {
+			if t.Failed() {
+				t.Log(st.Logs(3000))
+			}
+			st.Stop()
+		})
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := st.Pinger()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	vip := l.FloatingIP().Addr()
+
+	// Placement: the preferred node n1 takes the address and answers on it.
+	if _, err := st.WaitAnswer(ctx, p, "n1", 30*time.Second); err != nil {
+		t.Fatalf("initial placement: %v", err)
+	}
+	if mac, _, _ := l.Neigh(netlab.ClientHost, vip); mac != l.MAC("n1") {
+		t.Fatalf("client's ARP entry for %s is %q, want n1's %s", vip, mac, l.MAC("n1"))
+	}
+
+	// The fault: n1's Asterisk deadlocks (AMI accepts TCP and never
+	// answers) and its SIP stack stops answering.
+	fault := time.Now()
+	if err := st.KillPBX(ctx, "n1"); err != nil {
+		t.Fatal(err)
+	}
+	ans, err := st.WaitAnswer(ctx, p, "n2", 20*time.Second)
+	if err != nil {
+		t.Fatalf("failover: %v", err)
+	}
+	t.Logf("fault to first SIP answer from n2 through %s: %v", vip, ans.At.Sub(fault).Round(time.Millisecond))
+
+	// (a) The client's ARP entry names the standby's MAC.
+	if mac, state, err := l.Neigh(netlab.ClientHost, vip); err != nil || mac != l.MAC("n2") {
+		t.Fatalf("client's ARP entry for %s is %q (%s, %v), want n2's %s", vip, mac, state, err, l.MAC("n2"))
+	}
+	// The old holder was told to release and did: one holder.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		out, err := l.Exec(ctx, "n1", "ip", "-o", "addr", "show", "dev", "eth0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(string(out), " "+vip.String()+"/") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("n1 still holds %s after the failover:\n%s", vip, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// (c) The trail explains the move: health-down -> decision -> claim ->
+	// result, linked by causation ids, read back through fanctl.
+	var chain stack.FailoverChain
+	deadline = time.Now().Add(10 * time.Second)
+	for {
+		evs, err := st.Events(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if chain, err = stack.FindFailoverChain(evs, "n1", "n2"); err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, e := range evs {
+				if _, hb := e.Payload.(*events.NodeHeartbeat); !hb {
+					t.Logf("%s %s id=%s cause=%s %+v", e.Env.Type, e.Env.Source.Node, e.Env.ID, e.Env.CausationID, e.Payload)
+				}
+			}
+			t.Fatalf("%v (%d events in the trail)", err, len(evs))
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+	ht := chain.Health.Payload.(*events.HealthTransition)
+	if ht.Check != "pbx" || len(ht.Evidence) != 3 {
+		t.Fatalf("health transition %+v: want the pbx check with 3 failures as evidence", ht)
+	}
+	if chain.Claim.Env.Epoch == 0 || chain.Result.Env.CausationID != chain.Claim.Env.ID {
+		t.Fatalf("claim and result not fenced and linked: %+v / %+v", chain.Claim.Env, chain.Result.Env)
+	}
+	t.Logf("chain: %s -> %s -> %s -> %s", chain.Health.Env.ID, chain.Decision.Env.ID, chain.Claim.Env.ID, chain.Result.Env.ID)
+
+	// fanctl status agrees.
+	gs, err := st.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(gs) != 1 || gs[0].Holder != "n2" {
+		t.Fatalf("fanctl status: %+v, want n2 holding", gs)
+	}
+}

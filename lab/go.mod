@@ -1,0 +1,15 @@
+module github.com/fanpbx/fan/lab
+
+go 1.26.0
+
+require (
+	github.com/fanpbx/fan/pkg/events v0.0.0
+	github.com/vishvananda/netns v0.0.5
+)
+
+require (
+	github.com/google/uuid v1.6.0 // indirect
+	golang.org/x/sys v0.2.0 // indirect
+)
+
+replace github.com/fanpbx/fan/pkg/events => ../pkg/events

@@ -1,0 +1,133 @@
+package netlab
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+)
+
+// kamailioCfg is the minimal node config from facts/asterisk22.md: OPTIONS answered 200
+// with a header naming the node (so a client can tell who answered), REGISTER kept in
+// memory, everything else 404.
+const kamailioCfg = `#!KAMAILIO
+children=2
+auto_aliases=no
+listen=udp:%s:5060
+loadmodule "kex.so"
+loadmodule "corex.so"
+loadmodule "tm.so"
+loadmodule "sl.so"
+loadmodule "pv.so"
+loadmodule "maxfwd.so"
+loadmodule "siputils.so"
+loadmodule "textops.so"
+loadmodule "xlog.so"
+loadmodule "usrloc.so"
+loadmodule "registrar.so"
+modparam("usrloc","db_mode",0)
+request_route {
+  if (!mf_process_maxfwd_header("10")) { sl_send_reply("483","Too Many Hops"); exit; }
+  if (is_method("OPTIONS")) { append_to_reply("Server-Node: %s\r\n"); sl_send_reply("200","OK"); exit; }
+  if (is_method("REGISTER")) { if (!save("location")) sl_reply_error(); exit; }
+  sl_send_reply("404","Not here"); exit;
+}
+`
+
+// SIPPort is where StartKamailio listens.
+const SIPPort = 5060
+
+var nodeNameRE = regexp.MustCompile(`^[A-Za-z0-9._-]{1,32}$`)
+
+// KamailioReadyTimeout bounds how long StartKamailio waits for the UDP socket.
+var KamailioReadyTimeout = 10 * time.Second
+
+// StartKamailio runs Kamailio in host's namespace listening on udp:listenIP:5060 and
+// answering OPTIONS with "Server-Node: nodeName". It returns once the socket is bound,
+// which on a node (ip_nonlocal_bind=1) happens even while listenIP is not assigned: the
+// hot-standby case. The config is checked with `kamailio -c` first and its output is in
+// the error if the check fails.
+func (l *Lab) StartKamailio(host, nodeName, listenIP string) (*Proc, error) {
+	h, err := l.host(host)
+	if err != nil {
+		return nil, err
+	}
+	if !nodeNameRE.MatchString(nodeName) {
+		return nil, fmt.Errorf("netlab kamailio on %s: node name %q must match %s", host, nodeName, nodeNameRE)
+	}
+	ip, err := netip.ParseAddr(listenIP)
+	if err != nil || !ip.Is4() || !allowedAddr(ip) {
+		return nil, fmt.Errorf("netlab kamailio on %s: listen IP %q must be an IPv4 test-network address", host, listenIP)
+	}
+	dir, err := os.MkdirTemp(l.dir, "kamailio-"+host+"-")
+	if err != nil {
+		return nil, fmt.Errorf("netlab kamailio on %s: %w", host, err)
+	}
+	cfg := filepath.Join(dir, "kamailio.cfg")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, kamailioCfg, ip, nodeName), 0o644); err != nil {
+		return nil, fmt.Errorf("netlab kamailio on %s: write config: %w", host, err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	// Checked inside the namespace because the check resolves the listen address.
+	if _, err := l.Exec(ctx, host, "kamailio", "-c", "-f", cfg); err != nil {
+		return nil, fmt.Errorf("netlab kamailio on %s: config check: %w", host, err)
+	}
+	run := filepath.Join(dir, "run")
+	if err := os.Mkdir(run, 0o755); err != nil {
+		return nil, fmt.Errorf("netlab kamailio on %s: %w", host, err)
+	}
+	argv := []string{"kamailio", "-f", cfg, "-DD", "-E", "-Y", run, "-P", filepath.Join(run, "kamailio.pid"), "-m", "32", "-M", "8"}
+	p, err := l.Start(host, "kamailio", argv, nil)
+	if err != nil {
+		return nil, err
+	}
+	want, err := nsIdentity(filepath.Join(netnsDir, h.NS))
+	if err != nil {
+		_ = p.Kill()
+		return nil, err
+	}
+	deadline := time.Now().Add(KamailioReadyTimeout)
+	for {
+		if udpBound(p.Pid(), want, ip, SIPPort) {
+			l.log.Info("netlab: kamailio ready", "host", host, "node", nodeName, "listen", ip, "pid", p.Pid())
+			return p, nil
+		}
+		if p.Exited() {
+			return nil, fmt.Errorf("netlab kamailio on %s: exited before binding (%v): %s", host, p.Wait(), p.Tail(2048))
+		}
+		if time.Now().After(deadline) {
+			_ = p.Kill()
+			return nil, fmt.Errorf("netlab kamailio on %s: udp %s:%d not bound after %v: %s", host, ip, SIPPort, KamailioReadyTimeout, p.Tail(2048))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// udpBound looks at the UDP table of pid's namespace. Until `ip netns exec` has switched
+// namespaces, /proc/PID/net shows the caller's table, hence the namespace check first.
+func udpBound(pid int, want nsID, ip netip.Addr, port uint16) bool {
+	if id, err := nsIdentity(fmt.Sprintf("/proc/%d/ns/net", pid)); err != nil || id != want {
+		return false
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/net/udp", pid))
+	if err != nil {
+		return false
+	}
+	// /proc/net/udp prints the address as a host-order (little-endian here) u32.
+	a := ip.As4()
+	local := fmt.Sprintf("%08X:%04X", binary.LittleEndian.Uint32(a[:]), port)
+	wild := fmt.Sprintf("%08X:%04X", 0, port)
+	for _, line := range strings.Split(string(b), "\n")[1:] {
+		f := strings.Fields(line)
+		if len(f) > 1 && (f[1] == local || f[1] == wild) {
+			return true
+		}
+	}
+	return false
+}

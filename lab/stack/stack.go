@@ -1,0 +1,393 @@
+// Package stack runs fan's real binaries, as separate processes, inside a
+// netlab topology: NATS (fan-nats), the arbiter and scheduler on the control
+// host; on each node an AMI peer standing in for Asterisk, Kamailio answering
+// SIP on the floating IP (hot standby), the prober, the ipmover and the
+// replicator. The end-to-end test and `make lab` both use it, so the demo
+// shows exactly what the test proves.
+package stack
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"text/template"
+	"time"
+
+	"github.com/fanpbx/fan/lab/netlab"
+	"github.com/fanpbx/fan/lab/sipclient"
+	"github.com/fanpbx/fan/pkg/events"
+)
+
+// Binaries fan's stack needs, all built by `make build`.
+var Binaries = []string{"fan-nats", "fan-arbiter", "fan-scheduler", "fan-prober", "fan-ipmover", "fan-replicator", "fanctl", "fan-amipeer"}
+
+// Options tunes the stack. Zero values give the lab defaults.
+type Options struct {
+	// BinDir holds the binaries listed in Binaries.
+	BinDir string
+	// Cluster and Group name the lab cluster and its one floating-IP group.
+	Cluster, Group string
+	// Check timing of the PBX check: interval × fall is the detection budget.
+	Interval, Timeout time.Duration
+	Rise, Fall        int
+	Log               *slog.Logger
+}
+
+func (o *Options) defaults() {
+	if o.Cluster == "" {
+		o.Cluster = "lab"
+	}
+	if o.Group == "" {
+		o.Group = "pbx"
+	}
+	if o.Interval == 0 {
+		o.Interval = 200 * time.Millisecond
+	}
+	if o.Timeout == 0 {
+		o.Timeout = 150 * time.Millisecond
+	}
+	if o.Rise == 0 {
+		o.Rise = 2
+	}
+	if o.Fall == 0 {
+		o.Fall = 3
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+}
+
+// AMI credentials of the lab's stand-in PBX.
+const (
+	amiUser   = "fan"
+	amiSecret = "lab-secret"
+	amiAddr   = "127.0.0.1:5038"
+	natsPort  = 4222
+)
+
+// Stack is a running fan deployment inside a lab.
+type Stack struct {
+	Lab   *netlab.Lab
+	opts  Options
+	procs map[string]*netlab.Proc // "<host>/<name>"
+	dir   string
+}
+
+// Start launches everything and returns once each process is running (not
+// necessarily once a holder exists: see WaitAnswer).
+func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
+	o.defaults()
+	for _, b := range Binaries {
+		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
+			return nil, fmt.Errorf("binary %s: %w (run make build)", b, err)
+		}
+	}
+	s := &Stack{Lab: l, opts: o, procs: map[string]*netlab.Proc{}, dir: filepath.Join(l.Dir(), "fan")}
+	if err := os.MkdirAll(s.dir, 0o755); err != nil {
+		return nil, err
+	}
+	ctl, err := l.Host(netlab.ControlHost)
+	if err != nil {
+		return nil, err
+	}
+	natsURL := fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort)
+
+	if err := s.start(netlab.ControlHost, "fan-nats", "-listen", fmt.Sprintf("%s:%d", ctl.Addr.Addr(), natsPort),
+		"-store", filepath.Join(s.dir, "nats"), "-name", "lab"); err != nil {
+		return nil, err
+	}
+	if err := s.waitTCP(ctx, netlab.ControlHost, fmt.Sprintf("%s:%d", ctl.Addr.Addr(), natsPort)); err != nil {
+		return nil, fmt.Errorf("nats not reachable: %w", err)
+	}
+
+	nodes := l.Nodes()
+	names := make([]string, len(nodes))
+	for i, n := range nodes {
+		names[i] = n.Name
+	}
+	data := map[string]any{
+		"Cluster": o.Cluster, "Group": o.Group, "NATS": natsURL, "Nodes": names,
+		"VIP": l.FloatingIP().String(), "AMIAddr": amiAddr, "AMIUser": amiUser, "AMISecret": amiSecret,
+		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
+		"Dir": s.dir,
+	}
+	for _, n := range nodes {
+		d := clone(data)
+		d["Node"] = n.Name
+		k, err := l.StartKamailio(n.Name, n.Name, l.FloatingIP().Addr().String())
+		if err != nil {
+			return nil, fmt.Errorf("kamailio on %s: %w", n.Name, err)
+		}
+		s.procs[n.Name+"/kamailio"] = k
+		if err := s.start(n.Name, "fan-amipeer", "-listen", amiAddr, "-user", amiUser, "-secret", amiSecret,
+			"-control", s.amiControl(n.Name)); err != nil {
+			return nil, err
+		}
+		if err := s.waitTCP(ctx, n.Name, amiAddr); err != nil {
+			return nil, fmt.Errorf("ami peer on %s: %w", n.Name, err)
+		}
+		for _, svc := range []string{"prober", "ipmover", "replicator"} {
+			cfg, err := s.writeConfig(n.Name, svc, d)
+			if err != nil {
+				return nil, err
+			}
+			if err := s.start(n.Name, "fan-"+svc, "-config", cfg); err != nil {
+				return nil, err
+			}
+		}
+	}
+	ctlData := clone(data)
+	ctlData["Node"] = netlab.ControlHost
+	for _, svc := range []string{"arbiter", "scheduler"} {
+		cfg, err := s.writeConfig(netlab.ControlHost, svc, ctlData)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.start(netlab.ControlHost, "fan-"+svc, "-config", cfg); err != nil {
+			return nil, err
+		}
+	}
+	return s, nil
+}
+
+func clone(m map[string]any) map[string]any {
+	c := make(map[string]any, len(m))
+	for k, v := range m {
+		c[k] = v
+	}
+	return c
+}
+
+func (s *Stack) amiControl(node string) string { return filepath.Join(s.dir, node+"-ami.sock") }
+
+func (s *Stack) start(host, name string, args ...string) error {
+	argv := append([]string{filepath.Join(s.opts.BinDir, name)}, args...)
+	p, err := s.Lab.Start(host, name, argv, []string{"FAN_LOG_LEVEL=debug"})
+	if err != nil {
+		return fmt.Errorf("start %s on %s: %w", name, host, err)
+	}
+	s.procs[host+"/"+name] = p
+	return nil
+}
+
+// Proc returns a started process by host and binary name.
+func (s *Stack) Proc(host, name string) *netlab.Proc { return s.procs[host+"/"+name] }
+
+// Logs returns the tail of every process's log, for a failing test.
+func (s *Stack) Logs(lines int64) string {
+	var b strings.Builder
+	for k, p := range s.procs {
+		fmt.Fprintf(&b, "==== %s (%s)\n%s\n", k, p.LogPath, p.Tail(lines))
+	}
+	return b.String()
+}
+
+func (s *Stack) waitTCP(ctx context.Context, host, addr string) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := s.Lab.Do(host, func() error {
+			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
+			if err == nil {
+				c.Close()
+			}
+			return err
+		})
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s on %s: %w", addr, host, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (s *Stack) writeConfig(host, svc string, data map[string]any) (string, error) {
+	tmpl, ok := configTemplates[svc]
+	if !ok {
+		return "", fmt.Errorf("no config template for %s", svc)
+	}
+	var buf bytes.Buffer
+	if err := template.Must(template.New(svc).Parse(tmpl)).Execute(&buf, data); err != nil {
+		return "", fmt.Errorf("config %s: %w", svc, err)
+	}
+	p := filepath.Join(s.dir, host+"-"+svc+".yaml")
+	return p, os.WriteFile(p, buf.Bytes(), 0o644)
+}
+
+// Answer is one SIP OPTIONS answered through the floating IP.
+type Answer struct {
+	Node string
+	At   time.Time
+}
+
+// Pinger probes the floating IP from the client host.
+func (s *Stack) Pinger() (*sipclient.Pinger, error) {
+	var p *sipclient.Pinger
+	err := s.Lab.Do(netlab.ClientHost, func() error {
+		var err error
+		p, err = sipclient.NewPinger(netip.AddrPortFrom(s.Lab.FloatingIP().Addr(), netlab.SIPPort).String())
+		return err
+	})
+	return p, err
+}
+
+// WaitAnswer probes the floating IP every 10 ms until node answers it.
+func (s *Stack) WaitAnswer(ctx context.Context, p *sipclient.Pinger, node string, within time.Duration) (Answer, error) {
+	ctx, cancel := context.WithTimeout(ctx, within)
+	defer cancel()
+	t := time.NewTicker(10 * time.Millisecond)
+	defer t.Stop()
+	last := ""
+	for {
+		pctx, pcancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		r, err := p.Ping(pctx)
+		pcancel()
+		if err == nil {
+			last = r.ServerNode
+			if r.ServerNode == node {
+				return Answer{Node: node, At: time.Now()}, nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return Answer{}, fmt.Errorf("floating IP not answered by %s within %v (last answer from %q)", node, within, last)
+		case <-t.C:
+		}
+	}
+}
+
+// KillPBX makes node's PBX look dead the way a deadlocked Asterisk does:
+// its AMI accepts connections and never answers, and SIP stops answering.
+func (s *Stack) KillPBX(ctx context.Context, node string) error {
+	if out, err := exec.CommandContext(ctx, filepath.Join(s.opts.BinDir, "fan-amipeer"), "ctl", "-control", s.amiControl(node), "frozen").CombinedOutput(); err != nil {
+		return fmt.Errorf("freeze ami on %s: %w: %s", node, err, out)
+	}
+	if k := s.Proc(node, "kamailio"); k != nil {
+		if err := k.Kill(); err != nil {
+			return fmt.Errorf("stop kamailio on %s: %w", node, err)
+		}
+	}
+	return nil
+}
+
+// Events reads the whole audit trail through fanctl on the control host.
+func (s *Stack) Events(ctx context.Context) ([]Event, error) {
+	ctl, _ := s.Lab.Host(netlab.ControlHost)
+	out, err := s.Lab.Exec(ctx, netlab.ControlHost, filepath.Join(s.opts.BinDir, "fanctl"),
+		"--url", fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort), "--cluster", s.opts.Cluster, "events", "--since", "all", "--json")
+	if err != nil {
+		return nil, fmt.Errorf("fanctl events: %w", err)
+	}
+	return ParseEvents(out)
+}
+
+// Event is one decoded line of `fanctl events --json`.
+type Event struct {
+	Env     events.Envelope
+	Payload events.Payload
+}
+
+// ParseEvents decodes `fanctl events --json` output.
+func ParseEvents(out []byte) ([]Event, error) {
+	var evs []Event
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(make([]byte, 0, 64<<10), events.MaxEncodedSize+1)
+	for sc.Scan() {
+		line := bytes.TrimSpace(sc.Bytes())
+		if len(line) == 0 || line[0] != '{' {
+			continue
+		}
+		env, p, err := events.Decode(line)
+		if err != nil {
+			return nil, fmt.Errorf("decode %s: %w", line, err)
+		}
+		evs = append(evs, Event{Env: env, Payload: p})
+	}
+	return evs, sc.Err()
+}
+
+// FailoverChain is the causal chain of one failover found in the trail.
+type FailoverChain struct {
+	Health   Event
+	Decision Event
+	Claim    Event
+	Result   Event
+}
+
+// FindFailoverChain looks for health-down(from) → failover decision → claim
+// on to → applied result, each linked to the previous by causation ids.
+func FindFailoverChain(evs []Event, from, to string) (FailoverChain, error) {
+	byID := map[string]Event{}
+	for _, e := range evs {
+		byID[e.Env.ID] = e
+	}
+	for _, r := range evs {
+		res, ok := r.Payload.(*events.CommandResult)
+		if !ok || res.Node != to || res.CommandType != events.TypeClaimIP || res.Outcome != events.OutcomeApplied {
+			continue
+		}
+		claim, ok := byID[r.Env.CausationID]
+		if !ok || claim.Env.ID != res.CommandID {
+			continue
+		}
+		dec, ok := byID[claim.Env.CausationID]
+		if !ok {
+			continue
+		}
+		d, ok := dec.Payload.(*events.ArbiterDecision)
+		if !ok || d.Action != events.ActionFailover || d.From != from || d.To != to {
+			continue
+		}
+		for _, cause := range d.CausedBy {
+			h, ok := byID[cause]
+			if !ok {
+				continue
+			}
+			if ht, ok := h.Payload.(*events.HealthTransition); ok && ht.TargetNode == from && ht.To == events.HealthDown {
+				return FailoverChain{Health: h, Decision: dec, Claim: claim, Result: r}, nil
+			}
+		}
+	}
+	return FailoverChain{}, errors.New("no chain health-down -> failover decision -> claim -> applied result in the trail")
+}
+
+// Status runs `fanctl status --json` on the control host.
+func (s *Stack) Status(ctx context.Context) ([]events.GroupStatus, error) {
+	ctl, _ := s.Lab.Host(netlab.ControlHost)
+	out, err := s.Lab.Exec(ctx, netlab.ControlHost, filepath.Join(s.opts.BinDir, "fanctl"),
+		"--url", fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort), "--cluster", s.opts.Cluster, "status", "--json")
+	if err != nil {
+		return nil, fmt.Errorf("fanctl status: %w: %s", err, out)
+	}
+	var gs []events.GroupStatus
+	if err := json.Unmarshal(out, &gs); err != nil {
+		return nil, fmt.Errorf("fanctl status output: %w: %s", err, out)
+	}
+	return gs, nil
+}
+
+// Stop stops every fan process gracefully (SIGTERM), services first so the
+// ipmovers release their addresses, NATS last.
+func (s *Stack) Stop() {
+	order := []string{"fan-arbiter", "fan-scheduler", "fan-prober", "fan-replicator", "fan-ipmover", "fan-amipeer", "fan-nats"}
+	for _, name := range order {
+		for k, p := range s.procs {
+			if strings.HasSuffix(k, "/"+name) {
+				_ = p.Stop()
+			}
+		}
+	}
+}
+
+var execLookPath = exec.LookPath

@@ -1,0 +1,424 @@
+package ami
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/staskobzar/goami2"
+)
+
+// defaultWriteTimeout bounds a write when the action's context has no
+// deadline, so a peer that stopped reading cannot hold the write lock forever.
+const defaultWriteTimeout = 3 * time.Second
+
+// eofGrace is how long the reader keeps draining after the connection
+// stopped being readable, waiting for goami2's own end-of-stream error;
+// goami2 drops that error when its channel is busy for 10 ms, so the reader
+// must not wait for it forever.
+const eofGrace = 100 * time.Millisecond
+
+// errUnsent marks an action that was never written, so Session may retry it
+// on a fresh connection without sending it twice.
+var errUnsent = errors.New("action not sent")
+
+// Client is one logged-in AMI connection. It is safe for concurrent use;
+// actions from many goroutines are matched to their responses by ActionID.
+// A Client does not reconnect: once Done is closed, every action fails with
+// ErrClosed (use Session for a connection that comes back).
+type Client struct {
+	cfg  Config
+	log  *slog.Logger
+	raw  net.Conn
+	conn *amiConn
+	gc   *goami2.Client
+
+	idPrefix string
+	seq      atomic.Uint64
+
+	wmu      sync.Mutex // one write at a time; also guards gc against Close
+	gcClosed bool
+
+	mu      sync.Mutex
+	waiters map[string]*waiter
+	ended   bool
+	endErr  error
+
+	events  chan Event
+	dropped atomic.Uint64
+	done    chan struct{} // closed when the reader has stopped
+
+	closeOnce sync.Once
+}
+
+type waiter struct {
+	ch       chan struct{} // closed when resp/err are final
+	resp     *goami2.Message
+	list     []Event
+	complete *goami2.Message
+	err      error
+}
+
+// Dial connects and logs in. ctx bounds the dial and the login only; the
+// client lives until Close or until the connection ends. logger may be nil.
+//
+// Errors: ErrRefused (nothing listening), ErrAuth (login refused), ErrTimeout
+// (dial or login not answered within DialTimeout/LoginTimeout or ctx's
+// deadline), ErrProtocol (not an AMI banner or answer), ErrClosed (the peer
+// hung up during login).
+func Dial(ctx context.Context, cfg Config, logger *slog.Logger) (*Client, error) {
+	cfg = cfg.withDefaults()
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	d := net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: cfg.KeepAlive}
+	raw, err := d.DialContext(ctx, "tcp", cfg.Addr)
+	if err != nil {
+		return nil, dialError(ctx, cfg.Addr, err)
+	}
+	conn := newAMIConn(raw, cfg.Events)
+	deadline := time.Now().Add(cfg.LoginTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = raw.SetDeadline(deadline)
+	// goami2's login does not watch a context; a cancel must cut its reads.
+	stop := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Unix(1, 0)) })
+	// The context given to goami2 is never cancelled: its reader goroutine
+	// would then exit while the goroutine under it blocks forever on an
+	// unbuffered send. Closing the connection is what stops both.
+	gc, err := goami2.NewClientWithContext(context.Background(), conn, cfg.Username, cfg.Secret)
+	cancelled := !stop()
+	if err != nil {
+		_ = raw.Close()
+		return nil, loginError(ctx, cfg, conn, err)
+	}
+	if cancelled {
+		_ = raw.Close()
+		gc.Close()
+		return nil, ctxError(ctx, "login to "+cfg.Addr)
+	}
+	_ = raw.SetWriteDeadline(time.Time{})
+
+	var id [4]byte
+	_, _ = rand.Read(id[:])
+	c := &Client{
+		cfg:      cfg,
+		log:      logger.With("ami", cfg.Addr),
+		raw:      raw,
+		conn:     conn,
+		gc:       gc,
+		idPrefix: "fan-" + hex.EncodeToString(id[:]),
+		waiters:  map[string]*waiter{},
+		events:   make(chan Event, cfg.EventBuffer),
+		done:     make(chan struct{}),
+	}
+	// Taken once, here: goami2's Close sets these fields to nil.
+	msgs, errs := gc.AllMessages(), gc.Err()
+	go c.read(msgs, errs)
+	c.log.Debug("ami logged in", "user", cfg.Username)
+	return c, nil
+}
+
+func dialError(ctx context.Context, addr string, err error) error {
+	var ne net.Error
+	switch {
+	case ctx.Err() != nil:
+		return ctxError(ctx, "dial "+addr)
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return fmt.Errorf("ami: dial %s: %w", addr, ErrRefused)
+	case errors.As(err, &ne) && ne.Timeout():
+		return fmt.Errorf("ami: dial %s: %w: %w", addr, ErrTimeout, err)
+	}
+	return fmt.Errorf("ami: dial %s: %w", addr, err)
+}
+
+// loginError classifies a failed goami2 login from what the connection saw,
+// because goami2 formats the underlying error into text.
+func loginError(ctx context.Context, cfg Config, conn *amiConn, gerr error) error {
+	resp, readErr := conn.loginState()
+	var ne net.Error
+	if len(resp) > 0 {
+		if m, err := goami2.Parse(string(resp)); err == nil && !m.IsSuccess() {
+			return fmt.Errorf("ami: login to %s as %q: %w: %s", cfg.Addr, cfg.Username, ErrAuth, m.Field("Message"))
+		}
+	}
+	switch {
+	case ctx.Err() != nil:
+		return ctxError(ctx, "login to "+cfg.Addr)
+	case errors.As(readErr, &ne) && ne.Timeout():
+		return fmt.Errorf("ami: login to %s: %w: no answer within %v", cfg.Addr, ErrTimeout, cfg.LoginTimeout)
+	case errors.Is(readErr, io.EOF), errors.Is(readErr, syscall.ECONNRESET):
+		return fmt.Errorf("ami: login to %s: %w by the peer", cfg.Addr, ErrClosed)
+	}
+	return fmt.Errorf("ami: login to %s: %w: %w", cfg.Addr, ErrProtocol, gerr)
+}
+
+// read is the one goroutine that drains goami2. It never blocks on a
+// consumer: goami2 drops whatever it cannot hand over within 10 ms.
+func (c *Client) read(msgs <-chan *goami2.Message, errs <-chan error) {
+	var (
+		dead  = c.conn.dead
+		grace <-chan time.Time
+		cause error
+	)
+loop:
+	for {
+		select {
+		case m, ok := <-msgs:
+			if !ok {
+				break loop
+			}
+			c.dispatch(m)
+		case err, ok := <-errs:
+			if !ok {
+				break loop
+			}
+			if errors.Is(err, goami2.ErrEOF) {
+				cause = err
+				break loop
+			}
+			// A message goami2 could not parse; its ActionID is lost with
+			// it, so its caller will time out.
+			c.log.Warn("ami unparsable message dropped", "err", err)
+		case <-dead:
+			dead, grace = nil, time.After(eofGrace)
+		case <-grace:
+			break loop
+		}
+	}
+	// goami2 hands over every message before the error that follows it, but
+	// the select above may have picked the error first: deliver what is
+	// buffered (a Goodbye, a last answer) before failing the waiters.
+	for drained := false; !drained; {
+		select {
+		case m, ok := <-msgs:
+			if ok {
+				c.dispatch(m)
+			} else {
+				drained = true
+			}
+		default:
+			drained = true
+		}
+	}
+	if err := c.conn.err(); err != nil {
+		cause = err
+	}
+	c.end(cause)
+	_ = c.raw.Close()
+	close(c.events)
+	close(c.done)
+}
+
+func (c *Client) dispatch(m *goami2.Message) {
+	if id := m.ActionID(); id != "" {
+		c.mu.Lock()
+		w := c.waiters[id]
+		switch {
+		case w == nil:
+		case w.resp == nil && !m.IsEvent():
+			w.resp = m
+			if !isListStart(m) {
+				c.finishLocked(id, w, nil)
+			}
+			c.mu.Unlock()
+			return
+		case w.resp != nil && m.IsEvent():
+			if isListComplete(m) {
+				w.complete = m
+				c.finishLocked(id, w, nil)
+			} else {
+				w.list = append(w.list, Event{msg: m})
+			}
+			c.mu.Unlock()
+			return
+		}
+		c.mu.Unlock()
+		if !m.IsEvent() {
+			c.log.Debug("ami late or unknown response dropped", "action_id", id)
+			return
+		}
+	}
+	if !m.IsEvent() {
+		c.log.Debug("ami response without ActionID dropped", "response", m.Field("Response"))
+		return
+	}
+	select {
+	case c.events <- Event{msg: m}:
+	default:
+		if c.dropped.Add(1) == 1 {
+			c.log.Warn("ami event buffer full, dropping events", "capacity", cap(c.events))
+		}
+	}
+}
+
+func (c *Client) finishLocked(id string, w *waiter, err error) {
+	w.err = err
+	delete(c.waiters, id)
+	close(w.ch)
+}
+
+// end fails every waiting action; the connection is gone.
+func (c *Client) end(cause error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ended {
+		return
+	}
+	c.ended = true
+	if cause == nil {
+		c.endErr = ErrClosed
+	} else {
+		c.endErr = fmt.Errorf("%w: %w", ErrClosed, cause)
+	}
+	for id, w := range c.waiters {
+		c.finishLocked(id, w, c.endErr)
+	}
+	c.log.Debug("ami connection ended", "cause", cause)
+}
+
+// Action sends an action and waits for its response until ctx ends. The
+// ActionID is added here; do not pass one. A Response: Error is returned
+// as a Response, not an error: what it means is up to the caller.
+//
+// Errors: ErrTimeout (ctx deadline passed: the PBX did not answer), ErrClosed
+// (the connection ended first), or ctx's error if it was cancelled.
+func (c *Client) Action(ctx context.Context, name string, fields ...Field) (Response, error) {
+	if err := validate(name, fields); err != nil {
+		return Response{}, fmt.Errorf("ami: %s: %w", name, errors.Join(err, errUnsent))
+	}
+	if ctx.Err() != nil {
+		return Response{}, errors.Join(ctxError(ctx, "action "+name), errUnsent)
+	}
+	id := fmt.Sprintf("%s-%d", c.idPrefix, c.seq.Add(1))
+	msg := goami2.NewAction(name)
+	msg.AddField("ActionID", id)
+	for _, f := range fields {
+		msg.AddField(f.Name, f.Value)
+	}
+	w := &waiter{ch: make(chan struct{})}
+	c.mu.Lock()
+	if c.ended {
+		err := c.endErr
+		c.mu.Unlock()
+		return Response{}, fmt.Errorf("ami: action %s: %w", name, errors.Join(err, errUnsent))
+	}
+	c.waiters[id] = w
+	c.mu.Unlock()
+
+	if err := c.send(ctx, msg.Byte()); err != nil {
+		c.forget(id)
+		if ctx.Err() != nil {
+			return Response{}, ctxError(ctx, "action "+name)
+		}
+		// A write that fails leaves the stream in an unknown state.
+		_ = c.raw.Close()
+		return Response{}, fmt.Errorf("ami: action %s: %w", name, err)
+	}
+	select {
+	case <-w.ch:
+		if w.err != nil {
+			return Response{}, fmt.Errorf("ami: action %s: %w", name, w.err)
+		}
+		return Response{msg: w.resp, events: w.list, complete: w.complete}, nil
+	case <-ctx.Done():
+		c.forget(id)
+		return Response{}, ctxError(ctx, "action "+name)
+	}
+}
+
+// forget drops a waiter whose caller gave up; a late response is discarded.
+func (c *Client) forget(id string) {
+	c.mu.Lock()
+	delete(c.waiters, id)
+	c.mu.Unlock()
+}
+
+func (c *Client) send(ctx context.Context, b []byte) error {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.gcClosed {
+		return errors.Join(ErrClosed, errUnsent)
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(defaultWriteTimeout)
+	}
+	_ = c.raw.SetWriteDeadline(dl)
+	if err := c.gc.MustSend(b); err != nil {
+		return fmt.Errorf("%w: %w", ErrClosed, err)
+	}
+	return nil
+}
+
+// validate refuses what would break AMI framing: a CR or LF would end the
+// header (or the message) early and let a value inject headers.
+func validate(name string, fields []Field) error {
+	if name == "" || strings.ContainsAny(name, "\r\n:") {
+		return fmt.Errorf("invalid action name %q", name)
+	}
+	for _, f := range fields {
+		if f.Name == "" || strings.ContainsAny(f.Name, "\r\n: ") || strings.ContainsAny(f.Value, "\r\n") {
+			return fmt.Errorf("invalid field %q: %q", f.Name, f.Value)
+		}
+		if strings.EqualFold(f.Name, "ActionID") || strings.EqualFold(f.Name, "Action") {
+			return fmt.Errorf("field %q is set by the client", f.Name)
+		}
+	}
+	return nil
+}
+
+// Events delivers unsolicited events (Config.Events) and events that came
+// after their action's caller gave up. It is closed when the connection
+// ends. When nobody reads it, events are dropped rather than delaying
+// responses; DroppedEvents counts them.
+func (c *Client) Events() <-chan Event { return c.events }
+
+// DroppedEvents is the number of events dropped because Events was full.
+func (c *Client) DroppedEvents() uint64 { return c.dropped.Load() }
+
+// Done is closed when the connection has ended (peer closed it, it failed,
+// or Close was called).
+func (c *Client) Done() <-chan struct{} { return c.done }
+
+// Err says why the connection ended, once Done is closed; nil before.
+func (c *Client) Err() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.endErr
+}
+
+// Close ends the connection, fails waiting actions with ErrClosed and
+// returns once the reader goroutine has stopped. It does not send Logoff:
+// a health checker's session is not worth a round trip to a sick PBX.
+func (c *Client) Close() error {
+	c.closeOnce.Do(func() {
+		_ = c.raw.Close()
+		<-c.done
+		c.wmu.Lock()
+		c.gc.Close()
+		c.gcClosed = true
+		c.wmu.Unlock()
+	})
+	return nil
+}
+
+func (c *Client) alive() bool {
+	select {
+	case <-c.done:
+		return false
+	default:
+		return true
+	}
+}

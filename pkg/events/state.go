@@ -1,0 +1,42 @@
+package events
+
+import "time"
+
+// GroupStatus is the arbiter leader's view of one group, kept in the state
+// bucket under GroupStatusKey so that fanctl, executors and a new leader can
+// read it without replaying the stream.
+type GroupStatus struct {
+	Group     string    `json:"group"`
+	Addresses []string  `json:"addresses"`
+	Holder    string    `json:"holder,omitempty"`
+	Epoch     uint64    `json:"epoch"`
+	Since     time.Time `json:"since,omitzero"`
+	// LastDecision is the id of the decision that set the holder.
+	LastDecision string                `json:"last_decision,omitempty"`
+	Nodes        map[string]NodeStatus `json:"nodes"`
+	UpdatedAt    time.Time             `json:"updated_at"`
+}
+
+// NodeStatus is one node as the arbiter sees it.
+type NodeStatus struct {
+	Health        Health    `json:"health"`
+	HealthSince   time.Time `json:"health_since,omitzero"`
+	LastHeartbeat time.Time `json:"last_heartbeat,omitzero"`
+	Silent        bool      `json:"silent"`
+	Priority      int       `json:"priority"`
+}
+
+// StateKeyPrefix starts every key of the state bucket written by fan.
+const StateKeyPrefix = "group"
+
+// GroupStatusKey is the state-bucket key of one group's status.
+func GroupStatusKey(cluster, group string) string {
+	return StateKeyPrefix + "." + cluster + "." + group
+}
+
+// AllGroupStatusKeys matches every group's status key in a cluster.
+func AllGroupStatusKeys(cluster string) string { return StateKeyPrefix + "." + cluster + ".*" }
+
+// ArbiterStateKey is where the arbiter leader keeps its full decision state,
+// so that a successor continues from the same holder and outstanding claim.
+func ArbiterStateKey(cluster string) string { return "arbiter." + cluster + ".state" }

@@ -1,0 +1,361 @@
+package decide
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+)
+
+// Emit is one event for the shell to build with
+// events.New(source, cluster, Payload, Options...) and publish, in order.
+type Emit struct {
+	// ID is the id pre-assigned through Options (events.WithID); decisions
+	// name their commands by it, and the shell may log it.
+	ID      string
+	Payload events.Payload
+	Options []events.Option
+}
+
+// Output is what one input produced. Publish Emits in order: a decision
+// comes before its commands so the audit stream explains a move before it
+// happens, and a release comes before the claim that replaces it.
+type Output struct {
+	Emits []Emit
+}
+
+// ref is an event the core may cite as a cause. corr is its correlation id
+// when known, so that a chain keeps one correlation id.
+type ref struct {
+	id, corr string
+}
+
+func envRef(e events.Envelope) ref { return ref{id: e.ID, corr: e.CorrelationID} }
+
+type obsKey struct{ observer, check string }
+
+// observation is the last known state of one check run by one observer.
+type observation struct {
+	target string
+	role   events.Role
+	health events.Health
+	since  time.Time // the observer's clock: only used to refuse going backwards
+	cause  ref       // the event that told us
+	origin string    // the transition that set the state, when a heartbeat told us
+}
+
+type nodeState struct {
+	lastHB     time.Time // the arbiter's time
+	hbInterval time.Duration
+	hbRef      ref
+	checks     map[string]struct{} // check names this node's prober reported
+	groups     []int
+}
+
+type claim struct {
+	node, cmdID, corr string
+	deadline          time.Time
+	action            events.Action
+	prevHolder        string
+	prevFenced        bool
+}
+
+type permit struct {
+	window      string
+	from, until time.Time
+	cause       ref
+}
+
+type groupState struct {
+	cfg        Group
+	peerChecks map[string]bool // nil: any peer check
+	holder     string
+	lastHolder string // released or lost: the PreviousHolder of the next claim
+	lastFenced bool
+	pending    *claim
+	failed     map[string]time.Time // node -> excluded until
+	lastMove   time.Time
+	situation  string // key of the last hold explained, "" when nothing to explain
+	// failbackTold: "failback needs a permit" was explained during this
+	// holder's tenure (at most once, however often the preferred node flaps).
+	failbackTold bool
+	reason       string // its text, for Snapshot
+	permit       *permit
+}
+
+// Core is the decision state machine. It is not safe for concurrent use:
+// the shell feeds it from one goroutine, which also keeps decisions in the
+// order the events were consumed.
+type Core struct {
+	cfg     Config
+	groups  []*groupState
+	byName  map[string]int
+	nodes   map[string]*nodeState
+	obs     map[obsKey]*observation
+	peerIdx map[string]map[obsKey]struct{} // target -> peer-role observations of it
+
+	epoch, maxEpoch uint64
+	leading         bool
+	origin, now     time.Time
+
+	affected []int // scratch, reused to keep the heartbeat path allocation-light
+}
+
+// New validates cfg, fills in defaults and returns a core that is not leading.
+func New(cfg Config) (*Core, error) {
+	cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	c := &Core{
+		cfg:     cfg,
+		byName:  map[string]int{},
+		nodes:   map[string]*nodeState{},
+		obs:     map[obsKey]*observation{},
+		peerIdx: map[string]map[obsKey]struct{}{},
+	}
+	for i, g := range cfg.Groups {
+		g.Addresses = slices.Clone(g.Addresses)
+		g.Nodes = slices.Clone(g.Nodes)
+		gs := &groupState{cfg: g, failed: map[string]time.Time{}}
+		if len(g.PeerChecks) > 0 {
+			gs.peerChecks = map[string]bool{}
+			for _, pc := range g.PeerChecks {
+				gs.peerChecks[pc] = true
+			}
+		}
+		c.groups = append(c.groups, gs)
+		c.byName[g.Name] = i
+		for _, n := range g.Nodes {
+			ns := c.nodes[n]
+			if ns == nil {
+				ns = &nodeState{checks: map[string]struct{}{}}
+				c.nodes[n] = ns
+			}
+			ns.groups = append(ns.groups, i)
+		}
+	}
+	return c, nil
+}
+
+// ErrEpoch is returned when a leadership epoch is zero or goes backwards.
+var ErrEpoch = errors.New("invalid leadership epoch")
+
+// SetLeadership tells the core whether it leads and under which term.
+// Commands are stamped with epoch; an epoch lower than one already seen is
+// refused, because a term going backwards means two leaders.
+func (c *Core) SetLeadership(epoch uint64, leading bool) error {
+	if leading && epoch == 0 {
+		return fmt.Errorf("%w: leading with epoch 0 (commands are fenced by it)", ErrEpoch)
+	}
+	if epoch < c.maxEpoch {
+		return fmt.Errorf("%w: %d is older than %d", ErrEpoch, epoch, c.maxEpoch)
+	}
+	gained := leading && (!c.leading || epoch != c.epoch)
+	c.epoch, c.maxEpoch, c.leading = epoch, epoch, leading
+	if gained {
+		// A new term explains the standing situation once more, so the audit
+		// stream shows what this leader inherited.
+		for _, g := range c.groups {
+			g.situation, g.reason, g.failbackTold = "", "", false
+		}
+	}
+	return nil
+}
+
+func (c *Core) clock(now time.Time) {
+	if c.origin.IsZero() {
+		c.origin = now
+	}
+	c.now = now
+}
+
+// Handle applies one consumed event. Events of another cluster, of nodes or
+// groups not configured here, and types the arbiter does not use are
+// ignored: they may belong to another arbiter.
+func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Output {
+	c.clock(now)
+	var out Output
+	if env.Cluster != c.cfg.Cluster {
+		return out
+	}
+	c.affected = c.affected[:0]
+	switch v := p.(type) {
+	case events.HealthTransition:
+		c.onTransition(env, v)
+	case *events.HealthTransition:
+		c.onTransition(env, *v)
+	case events.NodeHeartbeat:
+		c.onHeartbeat(now, env, &v)
+	case *events.NodeHeartbeat:
+		c.onHeartbeat(now, env, v)
+	case events.CommandResult:
+		c.onResult(now, env, v, &out)
+	case *events.CommandResult:
+		c.onResult(now, env, *v, &out)
+	case events.FailbackPermit:
+		c.onPermit(env, v)
+	case *events.FailbackPermit:
+		c.onPermit(env, *v)
+	}
+	if c.leading {
+		trig := envRef(env)
+		for _, gi := range c.affected {
+			c.evaluate(c.groups[gi], now, &trig, &out)
+		}
+	}
+	return out
+}
+
+// Tick runs the timers: claim timeouts, silence, settle and backoff expiry.
+// The shell calls it periodically (a few times per second keeps timeouts
+// within that much of their configured value).
+func (c *Core) Tick(now time.Time) Output {
+	c.clock(now)
+	var out Output
+	if !c.leading {
+		return out
+	}
+	for _, g := range c.groups {
+		c.evaluate(g, now, nil, &out)
+	}
+	return out
+}
+
+func (c *Core) touch(gi int) {
+	if !slices.Contains(c.affected, gi) {
+		c.affected = append(c.affected, gi)
+	}
+}
+
+func (c *Core) touchNode(n string) {
+	if ns := c.nodes[n]; ns != nil {
+		for _, gi := range ns.groups {
+			c.touch(gi)
+		}
+	}
+}
+
+func (c *Core) onTransition(env events.Envelope, t events.HealthTransition) {
+	observer := env.Source.Node
+	if c.nodes[observer] == nil || c.nodes[t.TargetNode] == nil {
+		return
+	}
+	if t.Role == events.RoleSelf && t.TargetNode != observer {
+		return // a self check about someone else is malformed: trust nothing in it
+	}
+	c.setObs(obsKey{observer, t.Check}, t.TargetNode, t.Role, t.To, env.Time, envRef(env), "")
+}
+
+func (c *Core) onHeartbeat(now time.Time, env events.Envelope, hb *events.NodeHeartbeat) {
+	ns := c.nodes[hb.Node]
+	if ns == nil {
+		return
+	}
+	ns.lastHB = now
+	ns.hbInterval = time.Duration(hb.IntervalMS) * time.Millisecond
+	ns.hbRef = envRef(env)
+	// Its own groups may see it become eligible; groups where it observes
+	// someone as a peer may see their silent holder's evidence change.
+	c.touchNode(hb.Node)
+	accepted := 0
+	for name, cs := range hb.Checks {
+		k := obsKey{hb.Node, name}
+		if c.nodes[cs.TargetNode] == nil || (cs.Role == events.RoleSelf && cs.TargetNode != hb.Node) {
+			c.dropObs(k)
+			continue
+		}
+		accepted++
+		c.setObs(k, cs.TargetNode, cs.Role, cs.Health, cs.Since, envRef(env), cs.SinceEvent)
+	}
+	// Level-triggered: a check the prober no longer reports is forgotten.
+	// An empty map says nothing (it is omitted on the wire), so it wipes nothing.
+	if len(hb.Checks) > 0 && len(ns.checks) > accepted {
+		for name := range ns.checks {
+			if _, ok := hb.Checks[name]; !ok {
+				c.dropObs(obsKey{hb.Node, name})
+			}
+		}
+	}
+}
+
+func (c *Core) setObs(k obsKey, target string, role events.Role, h events.Health, since time.Time, cause ref, origin string) {
+	o := c.obs[k]
+	if o != nil {
+		if o.target == target && o.role == role && o.health == h {
+			return // a heartbeat repeating what we know: nothing changes, keep the original cause
+		}
+		if since.Before(o.since) {
+			return // older than what we hold: redelivery or reordering
+		}
+		if o.target != target || o.role != role {
+			c.dropObs(k)
+			o = nil
+		}
+	}
+	if o == nil {
+		o = &observation{}
+		c.obs[k] = o
+		c.nodes[k.observer].checks[k.check] = struct{}{}
+	}
+	*o = observation{target: target, role: role, health: h, since: since, cause: cause, origin: origin}
+	if role == events.RolePeer {
+		idx := c.peerIdx[target]
+		if idx == nil {
+			idx = map[obsKey]struct{}{}
+			c.peerIdx[target] = idx
+		}
+		idx[k] = struct{}{}
+	}
+	c.touchNode(target)
+}
+
+func (c *Core) dropObs(k obsKey) {
+	o := c.obs[k]
+	if o == nil {
+		return
+	}
+	delete(c.obs, k)
+	delete(c.nodes[k.observer].checks, k.check)
+	if idx := c.peerIdx[o.target]; idx != nil {
+		delete(idx, k)
+	}
+	c.touchNode(o.target)
+}
+
+func (c *Core) onResult(now time.Time, env events.Envelope, r events.CommandResult, out *Output) {
+	gi, ok := c.byName[r.Group]
+	if !ok || !c.leading || r.CommandType != events.TypeClaimIP {
+		return
+	}
+	g := c.groups[gi]
+	p := g.pending
+	if p == nil || p.cmdID != r.CommandID || p.node != r.Node {
+		return // a late answer to a claim already given up (and released)
+	}
+	switch r.Outcome {
+	case events.OutcomeApplied, events.OutcomeDuplicate:
+		g.holder, g.pending = r.Node, nil
+		clear(g.failed)
+		g.situation, g.reason = "", ""
+		// The new holder may already be down: evaluate once more.
+		c.touch(gi)
+	default:
+		why := fmt.Sprintf("claim on %s %s", r.Node, r.Outcome)
+		if r.Error != "" {
+			why += ": " + r.Error
+		}
+		c.retry(g, now, why, []ref{envRef(env), {id: p.cmdID, corr: p.corr}}, out)
+	}
+}
+
+func (c *Core) onPermit(env events.Envelope, p events.FailbackPermit) {
+	gi, ok := c.byName[p.Group]
+	if !ok {
+		return
+	}
+	// Recorded only: failback is not automatic in this version.
+	c.groups[gi].permit = &permit{window: p.Window, from: p.ValidFrom, until: p.ValidUntil, cause: envRef(env)}
+}

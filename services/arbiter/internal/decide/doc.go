@@ -1,0 +1,73 @@
+// Package decide is the arbiter's decision core: events in, decisions and
+// commands out, with the time passed in. It does no I/O, starts no
+// goroutines and never reads the clock, so every rule can be driven by a
+// table test and replayed from the audit stream.
+//
+// # What the core believes
+//
+// Per node it keeps the arbiter's view, not the truth:
+//
+//   - observations: the last known state of every check, keyed by the node
+//     whose prober ran it (the observer) and the check name. A HealthTransition
+//     sets one; a NodeHeartbeat carries them all (level-triggered), so a missed
+//     transition is repaired by the next heartbeat. An observation never moves
+//     backwards: a state whose Since is older than the one held is ignored.
+//   - bus presence: when the node's last heartbeat arrived (the arbiter's
+//     time, not the node's). A node is silent on the bus once that is older
+//     than max(SilentAfter, 3 × its advertised heartbeat interval). A node
+//     never heard from counts from the first time the core was given.
+//
+// A node is eligible to hold a group when it has heartbeated, is not silent,
+// and its own prober reports the group's HealthCheck up. Silent nodes are not
+// eligible because their executor reads commands from the same bus.
+//
+// Per group it keeps the confirmed holder, at most one outstanding claim, the
+// nodes whose claim just failed (excluded for RetryBackoff), the time of the
+// last move and the last hold it explained.
+//
+// # Rules
+//
+//   - No holder and no claim: claim on the highest-priority eligible node
+//     (place). Right after start the core waits up to SettleAfter for
+//     higher-priority nodes it has never heard from, so whichever prober
+//     starts first does not win the address for good.
+//   - The holder is down when its own prober reports the check down, or when
+//     it is silent on the bus and the fresh peers that have an opinion all
+//     report it down (at least one). A silent holder that a peer still
+//     reaches, or that no peer has an opinion on, is held (mission
+//     invariant 6: only move when clients are hurt). A down holder is replaced
+//     by the highest-priority other eligible node (failover): release to the
+//     old holder, then claim on the new one.
+//   - A claim is confirmed by an applied (or duplicate) CommandResult. A
+//     failed, expired or stale-epoch result, no result within ClaimTimeout,
+//     or the claimant turning ineligible meanwhile, releases the claimant and
+//     claims the next eligible node (retry); if none is left the group holds
+//     with no holder and is placed again when a node becomes eligible.
+//   - Never failback: while the holder is not down nothing moves. When the
+//     preferred node is eligible but another node holds, one hold decision
+//     says that failback needs a permit. FailbackPermit events are recorded
+//     (see State) but not acted on in this version.
+//   - Hold-down: every move is stamped and State shows HoldDownUntil; no
+//     discretionary move may happen within HoldDown of the last one. A hurt
+//     group (holder down, or no holder at all) is exempt: phones that get
+//     no answer hurt more than a second move in a short time. Every
+//     automatic move this version makes repairs a hurt group, so the
+//     hold-down binds only the discretionary moves to come (failback,
+//     switchover).
+//   - Holds are explained once per change of situation, never per event.
+//
+// # Leadership and causation
+//
+// Only a leader decides. While not leading the core keeps observing (a warm
+// standby) but its group state is frozen and it emits nothing, not even
+// decisions, so the audit stream never holds two explanations of one
+// moment. A new leader calls Restore with the last persisted State and then
+// SetLeadership; commands carry its epoch and a deadline of now+CommandTTL.
+//
+// The core never builds envelopes. Each Emit carries the payload and the
+// options the shell passes to events.New: a pre-assigned id from
+// Config.NewID (so a decision can list its commands' ids), the causation
+// (a decision is caused by the event that triggered it; its commands by the
+// decision), and the epoch. Within one Output a decision precedes its
+// commands, and a release precedes the claim it makes room for.
+package decide

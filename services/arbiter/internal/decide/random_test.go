@@ -1,0 +1,344 @@
+package decide
+
+import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+)
+
+// world is the randomized test's ground truth and its independent model of
+// what the arbiter has been told and what it has commanded. The model is
+// deliberately written from the mission's invariants, not from the core's
+// code, so that a wrong rule in the core shows up as a broken invariant.
+type world struct {
+	t     *testing.T
+	f     *fx
+	rng   *rand.Rand
+	nodes []string
+	pbxUp map[string]bool
+	onBus map[string]bool
+	cut   map[[2]string]bool // observer, target: the LAN path between them is broken
+
+	// What the arbiter was told (latest delivered), by the test's own bookkeeping.
+	toldSelf map[string]events.Health
+	toldPeer map[[2]string]events.Health
+	lastHB   map[string]time.Time
+
+	claimed   map[string]map[string]bool // group -> nodes commanded to hold and not released since
+	confirmed map[string]string          // group -> node whose current claim was confirmed
+	answered  map[string]bool            // claim ids already answered
+	allClaims map[string][]claimRec      // group -> every claim issued, for late answers
+	steps     int
+	seed      uint64
+
+	failbackTold map[string]bool // group -> failback hold said during this tenure and term
+}
+
+// fail names the seed and step so a failure can be replayed.
+func (w *world) fail(format string, args ...any) {
+	w.t.Helper()
+	w.t.Fatalf("seed %d step %d: %s", w.seed, w.steps, fmt.Sprintf(format, args...))
+}
+
+type claimRec struct{ id, node string }
+
+var randGroups = []Group{
+	{Name: "g1", Addresses: []string{"198.51.100.10/24"}, Nodes: []string{"n1", "n2", "n3"}, HealthCheck: "pbx"},
+	{Name: "g2", Addresses: []string{"198.51.100.20/24"}, Nodes: []string{"n4", "n3", "n2"}, HealthCheck: "pbx"},
+}
+
+func newWorld(t *testing.T, seed uint64) *world {
+	w := &world{t: t, seed: seed, rng: rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15)),
+		nodes: []string{"n1", "n2", "n3", "n4"},
+		pbxUp: map[string]bool{}, onBus: map[string]bool{}, cut: map[[2]string]bool{},
+		toldSelf: map[string]events.Health{}, toldPeer: map[[2]string]events.Health{}, lastHB: map[string]time.Time{},
+		claimed: map[string]map[string]bool{}, confirmed: map[string]string{}, answered: map[string]bool{}, allClaims: map[string][]claimRec{},
+		failbackTold: map[string]bool{},
+	}
+	w.f = newFx(t, testConfig(randGroups...))
+	w.f.onOut = w.verify
+	for _, n := range w.nodes {
+		w.pbxUp[n], w.onBus[n] = true, true
+	}
+	for _, g := range randGroups {
+		w.claimed[g.Name] = map[string]bool{}
+	}
+	w.f.lead(1)
+	for _, n := range w.nodes {
+		w.refresh(n)
+	}
+	return w
+}
+
+func health(ok bool) events.Health {
+	if ok {
+		return events.HealthUp
+	}
+	return events.HealthDown
+}
+
+// refresh recomputes what n's prober believes (its own PBX, and each peer
+// it checks over the LAN) and, when n is on the bus, publishes transitions.
+func (w *world) refresh(n string) {
+	f := w.f
+	if h := health(w.pbxUp[n]); f.self[n].Health != h {
+		if w.onBus[n] {
+			w.toldSelf[n] = h
+			f.setSelf(n, h)
+		} else {
+			f.self[n] = events.CheckState{TargetNode: n, Role: events.RoleSelf, Health: h, Since: f.now}
+		}
+	}
+	for _, t := range w.nodes {
+		if t == n {
+			continue
+		}
+		h := health(w.pbxUp[t] && !w.cut[[2]string{n, t}])
+		if f.peer[n][t].Health == h {
+			continue
+		}
+		if w.onBus[n] {
+			w.toldPeer[[2]string{n, t}] = h
+			f.setPeer(n, t, h)
+		} else {
+			if f.peer[n] == nil {
+				f.peer[n] = map[string]events.CheckState{}
+			}
+			f.peer[n][t] = events.CheckState{TargetNode: t, Role: events.RolePeer, Health: h, Since: f.now}
+		}
+	}
+}
+
+func (w *world) heartbeat(n string) {
+	if !w.onBus[n] {
+		return
+	}
+	w.lastHB[n] = w.f.now
+	w.toldSelf[n] = w.f.self[n].Health
+	for t, s := range w.f.peer[n] {
+		w.toldPeer[[2]string{n, t}] = s.Health
+	}
+	w.f.hb(n)
+}
+
+// fresh: the arbiter heard n's heartbeat within the silence threshold.
+func (w *world) fresh(n string) bool {
+	last, ok := w.lastHB[n]
+	return ok && w.f.now.Sub(last) <= DefaultSilentAfter
+}
+
+// holderDown is the mission's rule, computed from what the arbiter was told:
+// its own prober says down, or it is silent and the peers that are heard
+// from and have an opinion all say down.
+func (w *world) holderDown(h string) bool {
+	if w.toldSelf[h] == events.HealthDown {
+		return true
+	}
+	if w.fresh(h) {
+		return false
+	}
+	downs := 0
+	for _, o := range w.nodes {
+		if o == h || !w.fresh(o) {
+			continue
+		}
+		switch w.toldPeer[[2]string{o, h}] {
+		case events.HealthUp:
+			return false
+		case events.HealthDown:
+			downs++
+		}
+	}
+	return downs > 0
+}
+
+// verify checks the invariants on every Output, in emission order.
+func (w *world) verify(out Output) {
+	// The holder as confirmed before this Output: a move releases it first,
+	// and that release must not make the move look like anything but a move.
+	before := maps.Clone(w.confirmed)
+	for _, e := range out.Emits {
+		switch p := e.Payload.(type) {
+		case events.ArbiterDecision:
+			// No event storms: "failback needs a permit" is said at most once
+			// per holder's tenure (a move or a new term starts a new one),
+			// however often the preferred node flaps.
+			if p.Action == events.ActionHold && strings.Contains(p.Reason, "failback needs a permit") {
+				if w.failbackTold[p.Group] {
+					w.fail("failback hold for %s repeated within one tenure: %q", p.Group, p.Reason)
+				}
+				w.failbackTold[p.Group] = true
+			}
+			if p.Action != events.ActionHold {
+				delete(w.failbackTold, p.Group)
+			}
+		case events.ReleaseIP:
+			delete(w.claimed[p.Group], p.Node)
+			if w.confirmed[p.Group] == p.Node {
+				delete(w.confirmed, p.Group)
+			}
+		case events.ClaimIP:
+			for other := range w.claimed[p.Group] {
+				if other != p.Node {
+					w.fail("claim %s on %s while %s was commanded to hold it and not released", p.Group, p.Node, other)
+				}
+			}
+			if w.toldSelf[p.Node] != events.HealthUp || !w.fresh(p.Node) {
+				w.fail("claim %s on %s, which is not healthy (told %s, last heartbeat %v ago)",
+					p.Group, p.Node, w.toldSelf[p.Node], w.f.now.Sub(w.lastHB[p.Node]))
+			}
+			if h, ok := before[p.Group]; ok && h != p.Node && !w.holderDown(h) {
+				w.fail("failback: claim %s on %s while the confirmed holder %s is not down", p.Group, p.Node, h)
+			}
+			w.claimed[p.Group][p.Node] = true
+			delete(w.confirmed, p.Group)
+			w.allClaims[p.Group] = append(w.allClaims[p.Group], claimRec{e.ID, p.Node})
+		}
+	}
+}
+
+func (w *world) answer(g string) {
+	claims := w.allClaims[g]
+	if len(claims) == 0 {
+		return
+	}
+	c := claims[len(claims)-1]
+	late := w.rng.IntN(6) == 0
+	if late {
+		c = claims[w.rng.IntN(len(claims))] // possibly an old, abandoned claim
+	}
+	if w.answered[c.id] {
+		return
+	}
+	w.answered[c.id] = true
+	outcomes := []events.Outcome{events.OutcomeApplied, events.OutcomeApplied, events.OutcomeApplied, events.OutcomeDuplicate,
+		events.OutcomeFailed, events.OutcomeExpired, events.OutcomeStaleEpoch}
+	o := outcomes[w.rng.IntN(len(outcomes))]
+	w.f.claims[g] = c.id
+	latest := c.id == claims[len(claims)-1].id
+	w.f.result(g, c.node, o)
+	// A confirmation counts only when the leading core held this claim as
+	// outstanding; a late answer to an abandoned claim confirms nothing.
+	if latest && w.f.leading && w.claimed[g][c.node] && (o == events.OutcomeApplied || o == events.OutcomeDuplicate) {
+		if w.f.c.groups[w.f.c.byName[g]].holder == c.node {
+			w.confirmed[g] = c.node
+		}
+	}
+}
+
+// handover moves leadership: step down, then either the same core leads
+// again or a fresh core restored from the persisted snapshot takes over,
+// each time with a higher epoch.
+func (w *world) handover() {
+	f := w.f
+	if f.leading {
+		if err := f.c.SetLeadership(f.epoch, false); err != nil {
+			w.t.Fatal(err)
+		}
+		f.leading = false
+		return
+	}
+	if w.rng.IntN(2) == 0 {
+		snap := f.c.Snapshot()
+		c, err := New(f.cfg)
+		if err != nil {
+			w.t.Fatal(err)
+		}
+		if err := c.Restore(snap); err != nil {
+			w.t.Fatal(err)
+		}
+		f.c = c
+	}
+	f.lead(f.epoch + 1)
+	clear(w.failbackTold) // a new term explains the standing situation again
+}
+
+func (w *world) step() {
+	w.steps++
+	f, r := w.f, w.rng
+	n := w.nodes[r.IntN(len(w.nodes))]
+	switch k := r.IntN(100); {
+	case k < 14: // the PBX flaps
+		w.pbxUp[n] = !w.pbxUp[n]
+		for _, m := range w.nodes {
+			w.refresh(m)
+		}
+	case k < 20: // cut off from the bus, or back
+		w.onBus[n] = !w.onBus[n]
+		if w.onBus[n] {
+			w.heartbeat(n)
+		}
+		w.refresh(n)
+	case k < 24: // a node crashes outright
+		w.pbxUp[n], w.onBus[n] = false, false
+		for _, m := range w.nodes {
+			w.refresh(m)
+		}
+	case k < 30: // a LAN path between two nodes breaks or heals
+		o := w.nodes[r.IntN(len(w.nodes))]
+		if o != n {
+			w.cut[[2]string{o, n}] = !w.cut[[2]string{o, n}]
+			w.refresh(o)
+		}
+	case k < 70: // time passes: heartbeats, then the shell's tick
+		f.now = f.now.Add(time.Duration(200+r.IntN(2300)) * time.Millisecond)
+		for _, m := range w.nodes {
+			if r.IntN(10) > 0 { // heartbeats are sometimes late
+				w.heartbeat(m)
+			}
+		}
+		f.tick(0)
+	case k < 90: // an executor answers
+		w.answer(randGroups[r.IntN(len(randGroups))].Name)
+	case k < 95:
+		w.handover()
+	default: // a node of another group or cluster speaks
+		out := f.handle(f.env("n9", "prober"), events.NodeHeartbeat{Node: "n9", IntervalMS: 1000, Version: "x",
+			Checks: map[string]events.CheckState{"pbx": {TargetNode: "n9", Role: events.RoleSelf, Health: events.HealthUp}}})
+		if len(out.Emits) != 0 {
+			w.fail("an unknown node caused %q", summary(out))
+		}
+	}
+}
+
+// TestRandomized drives thousands of seeded sequences of flaps, silences,
+// partitions, crashes, claim failures and timeouts, late answers and
+// leadership changes (same core and restored cores), checking after every
+// core call: one commanded holder per group (a release to the previous one
+// is issued first), claims only to nodes the arbiter knows healthy, no move
+// away from a confirmed holder that is not down (no failback, invariant 6),
+// and — through fx.check — epochs, deadlines, causation and leadership.
+// A failure names its seed: rerun with that seed to reproduce it.
+func TestRandomized(t *testing.T) {
+	sequences, length := 2000, 60
+	if testing.Short() {
+		sequences = 300
+	}
+	moves := 0
+	for seed := range uint64(sequences) {
+		w := newWorld(t, seed)
+		func() {
+			defer func() {
+				if t.Failed() {
+					t.Logf("failing seed %d at step %d", seed, w.steps)
+				}
+			}()
+			for range length {
+				w.step()
+			}
+		}()
+		for _, g := range randGroups {
+			moves += len(w.allClaims[g.Name])
+		}
+	}
+	// The generator must actually exercise moves, or the invariants prove nothing.
+	if moves < sequences {
+		t.Fatalf("only %d claims over %d sequences: the generator is too tame", moves, sequences)
+	}
+	t.Logf("%d sequences, %d claims", sequences, moves)
+}

@@ -1,0 +1,213 @@
+// Package lease elects one arbiter leader through a lease kept in the
+// command stream, and fences every command the leader publishes.
+//
+// The lease is a message on events.LeaseSubject(cluster, "arbiter") with a
+// per-message TTL. A candidate acquires it by publishing with "expect no
+// message on this subject"; the leader renews by publishing with "expect
+// my last lease message". The epoch of a term is the stream sequence of the
+// acquiring message: it only grows, across leaders and restarts.
+//
+// Fencing is enforced by the server, not only by executors: every command is
+// published with "expect the lease subject's last sequence to be mine". Once
+// the lease has expired or another leader took it, a stale leader's command
+// is rejected by JetStream itself (err 10071) and never reaches an executor.
+//
+// A leader that cannot renew stops commanding at a local deadline measured
+// on the monotonic clock from before its last successful renewal was sent,
+// minus a margin; the server can only expire the lease later than that.
+package lease
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// ErrNotLeader is returned when publishing a fenced command without a valid lease.
+var ErrNotLeader = errors.New("not the leader")
+
+// Config tunes the lease. TTL has whole-second granularity on the server.
+type Config struct {
+	Cluster string
+	// Holder names this candidate (node plus instance) in the lease record.
+	Holder string
+	TTL    time.Duration
+	// RenewEvery defaults to TTL/3, so two renewals can fail before the
+	// local deadline passes.
+	RenewEvery time.Duration
+	// Margin is kept between the local deadline and the server's expiry.
+	Margin time.Duration
+}
+
+// Change reports a leadership change to the owner.
+type Change struct {
+	Leading bool
+	Epoch   uint64
+}
+
+// Lease campaigns for and holds the arbiter lease.
+type Lease struct {
+	cfg     Config
+	js      jetstream.JetStream
+	b       *bus.Bus
+	log     *slog.Logger
+	subject string
+	now     func() time.Time
+
+	mu         sync.Mutex
+	leading    bool
+	epoch      uint64
+	lastSeq    uint64
+	validUntil time.Time
+}
+
+// New prepares a lease; Run campaigns.
+func New(cfg Config, b *bus.Bus, log *slog.Logger) (*Lease, error) {
+	if cfg.TTL < time.Second || cfg.TTL%time.Second != 0 {
+		return nil, fmt.Errorf("lease ttl %v: must be whole seconds, at least 1s", cfg.TTL)
+	}
+	if cfg.RenewEvery == 0 {
+		cfg.RenewEvery = cfg.TTL / 3
+	}
+	if cfg.Margin == 0 {
+		cfg.Margin = cfg.TTL / 4
+	}
+	if cfg.RenewEvery+cfg.Margin >= cfg.TTL {
+		return nil, fmt.Errorf("lease: renew_every %v + margin %v must stay below ttl %v", cfg.RenewEvery, cfg.Margin, cfg.TTL)
+	}
+	return &Lease{cfg: cfg, js: b.JS, b: b, log: log, subject: events.LeaseSubject(cfg.Cluster, "arbiter"), now: time.Now}, nil
+}
+
+type record struct {
+	Holder string    `json:"holder"`
+	Epoch  uint64    `json:"epoch,omitempty"`
+	At     time.Time `json:"at"`
+}
+
+// Run campaigns and renews until ctx ends, reporting every change on
+// changes (which it closes on return). On return it is no longer leading.
+func (l *Lease) Run(ctx context.Context, changes chan<- Change) {
+	defer close(changes)
+	t := time.NewTimer(0)
+	defer t.Stop()
+	// reported is what the owner was last told; leadership can also be lost
+	// inside PublishCommand or by the clock, and the owner must hear of it.
+	reported := false
+	for {
+		select {
+		case <-ctx.Done():
+			l.stepDown("stopping")
+			if reported {
+				changes <- Change{Leading: false, Epoch: l.Epoch()}
+			}
+			return
+		case <-t.C:
+		}
+		l.attempt(ctx)
+		if now := l.Leading(); now != reported {
+			changes <- Change{Leading: now, Epoch: l.Epoch()}
+			reported = now
+		}
+		t.Reset(l.cfg.RenewEvery)
+	}
+}
+
+func (l *Lease) attempt(ctx context.Context) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	sent := l.now()
+	if l.leading && sent.After(l.validUntil) {
+		l.leading = false
+		l.log.Warn("lease deadline passed without a renewal: stepped down", "epoch", l.epoch)
+	}
+	rec := record{Holder: l.cfg.Holder, Epoch: l.epoch, At: sent.UTC()}
+	expect := uint64(0)
+	if l.leading {
+		expect = l.lastSeq
+	}
+	data, _ := json.Marshal(rec)
+	actx, cancel := context.WithTimeout(ctx, l.cfg.RenewEvery)
+	defer cancel()
+	ack, err := l.js.Publish(actx, l.subject, data,
+		jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(l.cfg.TTL))
+	switch {
+	case err == nil:
+		if !l.leading {
+			l.epoch = ack.Sequence
+			l.log.Info("acquired the arbiter lease", "epoch", l.epoch, "holder", l.cfg.Holder)
+		}
+		l.leading = true
+		l.lastSeq = ack.Sequence
+		l.validUntil = sent.Add(l.cfg.TTL - l.cfg.Margin)
+	case isWrongSequence(err):
+		if l.leading {
+			l.log.Warn("lease taken over by another arbiter: stepped down", "epoch", l.epoch)
+		}
+		l.leading = false
+	default:
+		// Unknown outcome (timeout, no quorum): keep the lease until the
+		// local deadline, which the next attempt checks.
+		l.log.Warn("lease renewal failed", "leading", l.leading, "err", err)
+	}
+}
+
+func isWrongSequence(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) {
+		return apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+			apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant
+	}
+	return false
+}
+
+func (l *Lease) stepDown(why string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.leading {
+		l.leading = false
+		l.log.Info("released arbiter leadership", "epoch", l.epoch, "why", why)
+	}
+}
+
+// Leading reports whether this instance may command right now.
+func (l *Lease) Leading() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.leading && l.now().Before(l.validUntil)
+}
+
+// Epoch is the current (or last) term's epoch.
+func (l *Lease) Epoch() uint64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.epoch
+}
+
+// PublishCommand publishes a command fenced by the lease: the server rejects
+// it unless the lease's last message is still ours. It holds the lease lock
+// so a concurrent renewal cannot change the expected sequence mid-publish.
+func (l *Lease) PublishCommand(ctx context.Context, env events.Envelope, cmd events.Command) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.leading || !l.now().Before(l.validUntil) {
+		return fmt.Errorf("publish %s: %w", env.ID, ErrNotLeader)
+	}
+	if env.Epoch != l.epoch {
+		return fmt.Errorf("publish %s: epoch %d is not the lease's %d: %w", env.ID, env.Epoch, l.epoch, ErrNotLeader)
+	}
+	err := l.b.Publish(ctx, env, cmd, jetstream.WithExpectLastSequenceForSubject(l.lastSeq, l.subject))
+	if isWrongSequence(err) {
+		l.leading = false
+		l.log.Warn("command rejected by the server's fence: stepped down", "epoch", l.epoch, "event_id", env.ID)
+		return fmt.Errorf("publish %s: %w: %v", env.ID, ErrNotLeader, err)
+	}
+	return err
+}

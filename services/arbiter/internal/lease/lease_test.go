@@ -1,0 +1,147 @@
+package lease
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+func newLease(t *testing.T, s *server.Server, holder string) *Lease {
+	t.Helper()
+	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "arbiter", Node: holder})
+	l, err := New(Config{Cluster: "lab", Holder: holder, TTL: time.Second, RenewEvery: 250 * time.Millisecond, Margin: 250 * time.Millisecond},
+		b, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+func run(t *testing.T, l *Lease) (chan Change, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	ch := make(chan Change, 16)
+	done := make(chan struct{})
+	go func() { l.Run(ctx, ch); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	return ch, cancel
+}
+
+func waitChange(t *testing.T, ch <-chan Change, leading bool, within time.Duration) Change {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		select {
+		case c, ok := <-ch:
+			if !ok {
+				t.Fatal("changes closed")
+			}
+			if c.Leading == leading {
+				return c
+			}
+		case <-deadline:
+			t.Fatalf("no change to leading=%v within %v", leading, within)
+		}
+	}
+}
+
+func claim(epoch uint64) (events.Envelope, *events.ClaimIP) {
+	c := &events.ClaimIP{Group: "pbx", Node: "n2", Addresses: []string{"198.51.100.10/24"}, NotAfter: time.Now().Add(10 * time.Second)}
+	env, err := events.New(events.Source{Service: "arbiter", Node: "a"}, "lab", c, events.WithEpoch(epoch))
+	if err != nil {
+		panic(err)
+	}
+	return env, c
+}
+
+func TestOneLeaderAndTakeoverWithHigherEpoch(t *testing.T) {
+	s := bustest.Server(t)
+	a, b := newLease(t, s, "a"), newLease(t, s, "b")
+	cha, stopA := run(t, a)
+	first := waitChange(t, cha, true, 3*time.Second)
+	chb, _ := run(t, b)
+	select {
+	case c := <-chb:
+		t.Fatalf("second candidate changed while the first leads: %+v", c)
+	case <-time.After(time.Second):
+	}
+	if !a.Leading() || b.Leading() {
+		t.Fatal("exactly one leader expected")
+	}
+	// The leader dies without releasing: the lease expires on the server and
+	// the other candidate takes over with a higher epoch.
+	stopA()
+	second := waitChange(t, chb, true, 5*time.Second)
+	if second.Epoch <= first.Epoch {
+		t.Fatalf("epoch must grow across terms: %d then %d", first.Epoch, second.Epoch)
+	}
+}
+
+func TestStaleLeaderIsFencedByTheServer(t *testing.T) {
+	s := bustest.Server(t)
+	a := newLease(t, s, "a")
+	cha, stopA := run(t, a)
+	first := waitChange(t, cha, true, 3*time.Second)
+	ctx := context.Background()
+	env, c := claim(first.Epoch)
+	if err := a.PublishCommand(ctx, env, c); err != nil {
+		t.Fatalf("leader's command refused: %v", err)
+	}
+
+	// A stops renewing but its clock is stuck, so it still believes it
+	// leads (a paused VM): only the server can stop it now.
+	stopA()
+	frozen := time.Now()
+	a.mu.Lock()
+	a.leading = true
+	a.now = func() time.Time { return frozen }
+	a.mu.Unlock()
+
+	b := newLease(t, s, "b")
+	chb, _ := run(t, b)
+	waitChange(t, chb, true, 5*time.Second)
+
+	env2, c2 := claim(first.Epoch)
+	err := a.PublishCommand(ctx, env2, c2)
+	if !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("stale leader's command: %v, want ErrNotLeader from the server's fence", err)
+	}
+	st, _ := a.js.Stream(ctx, bus.CommandsStream)
+	msg, err := st.GetLastMsgForSubject(ctx, events.CommandSubject("lab", "n2", events.VerbClaim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, _, _ := events.Decode(msg.Data); got.ID != env.ID {
+		t.Fatalf("the stale command was stored: last claim is %s", got.ID)
+	}
+}
+
+func TestCommandsNeedTheLeadersEpoch(t *testing.T) {
+	s := bustest.Server(t)
+	a := newLease(t, s, "a")
+	cha, _ := run(t, a)
+	c := waitChange(t, cha, true, 3*time.Second)
+	env, cmd := claim(c.Epoch + 1)
+	if err := a.PublishCommand(context.Background(), env, cmd); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("command with a foreign epoch: %v", err)
+	}
+	b := newLease(t, s, "b")
+	env, cmd = claim(c.Epoch)
+	if err := b.PublishCommand(context.Background(), env, cmd); !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("non-leader's command: %v", err)
+	}
+}
+
+func TestConfigArithmetic(t *testing.T) {
+	for _, c := range []Config{{TTL: 500 * time.Millisecond}, {TTL: 1500 * time.Millisecond}, {TTL: time.Second, RenewEvery: 800 * time.Millisecond, Margin: 300 * time.Millisecond}} {
+		if _, err := New(c, &bus.Bus{}, slog.New(slog.DiscardHandler)); err == nil {
+			t.Errorf("accepted %+v", c)
+		}
+	}
+}

@@ -1,0 +1,196 @@
+// Package netnstest builds throw-away network namespaces joined by veth pairs
+// for the ipmover's tests, so that real netlink, ARP and NDP can be exercised
+// without touching the host's own interfaces.
+//
+// Everything it creates is removed in t.Cleanup, pass or fail. Only the
+// helper `ip` command is used, and only here: product code speaks netlink.
+package netnstest
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+// RequireRoot skips the test unless it can create namespaces.
+func RequireRoot(t testing.TB) {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skip("network namespace tests need root")
+	}
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("the ip command is not installed")
+	}
+}
+
+// NS is one test namespace.
+type NS struct {
+	Name   string
+	Handle netns.NsHandle
+}
+
+// IP runs `ip -n <ns> args...` and fails the test on error.
+func (n NS) IP(t testing.TB, args ...string) string {
+	t.Helper()
+	return Run(t, "ip", append([]string{"-n", n.Name}, args...)...)
+}
+
+// Do runs fn on an OS thread that has entered the namespace. Sockets opened
+// and interfaces looked up inside fn belong to the namespace; the thread is
+// thrown away afterwards (it is never unlocked), so no goroutine can later
+// run on a thread left in the wrong namespace.
+func (n NS) Do(t testing.TB, fn func()) {
+	t.Helper()
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := netns.Set(n.Handle); err != nil {
+			errc <- fmt.Errorf("enter namespace %s: %w", n.Name, err)
+			return
+		}
+		defer func() { errc <- nil }()
+		fn()
+	}()
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Netlink opens a netlink handle bound to the namespace, closed in cleanup.
+func (n NS) Netlink(t testing.TB) *netlink.Handle {
+	t.Helper()
+	h, err := netlink.NewHandleAt(n.Handle)
+	if err != nil {
+		t.Fatalf("netlink handle in %s: %v", n.Name, err)
+	}
+	t.Cleanup(h.Close)
+	return h
+}
+
+// Interface looks an interface up inside the namespace.
+func (n NS) Interface(t testing.TB, name string) *net.Interface {
+	t.Helper()
+	var (
+		ifi *net.Interface
+		err error
+	)
+	n.Do(t, func() { ifi, err = net.InterfaceByName(name) })
+	if err != nil {
+		t.Fatalf("interface %s in %s: %v", name, n.Name, err)
+	}
+	return ifi
+}
+
+// Sysctl writes a sysctl inside the namespace (key in dotted form).
+func (n NS) Sysctl(t testing.TB, key, value string) {
+	t.Helper()
+	path := "/proc/sys/" + strings.ReplaceAll(key, ".", "/")
+	var err error
+	n.Do(t, func() { err = os.WriteFile(path, []byte(value), 0o644) })
+	if err != nil {
+		t.Fatalf("sysctl %s=%s in %s: %v", key, value, n.Name, err)
+	}
+}
+
+// NewNS creates a uniquely named namespace with loopback up. IPv6 duplicate
+// address detection is switched off inside it so link-local addresses are
+// usable at once instead of after a second of DAD.
+func NewNS(t testing.TB, prefix string) NS {
+	t.Helper()
+	RequireRoot(t)
+	name := prefix + "-" + randomHex(4)
+	Run(t, "ip", "netns", "add", name)
+	t.Cleanup(func() {
+		if out, err := exec.Command("ip", "netns", "del", name).CombinedOutput(); err != nil {
+			t.Errorf("ip netns del %s: %v: %s", name, err, out)
+		}
+	})
+	h, err := netns.GetFromName(name)
+	if err != nil {
+		t.Fatalf("open namespace %s: %v", name, err)
+	}
+	t.Cleanup(func() { h.Close() })
+	ns := NS{Name: name, Handle: h}
+	ns.IP(t, "link", "set", "lo", "up")
+	ns.Sysctl(t, "net.ipv6.conf.default.accept_dad", "0")
+	ns.Sysctl(t, "net.ipv6.conf.all.accept_dad", "0")
+	return ns
+}
+
+// Pair is two namespaces joined by one veth pair, both ends up.
+type Pair struct {
+	A, B       NS
+	IfA, IfB   string
+	MACA, MACB net.HardwareAddr
+	IndexA     int
+	IndexB     int
+}
+
+// NewPair creates namespaces A and B joined by veth ifA<->ifB. The veth is
+// created directly inside the namespaces, so it never exists in the host's.
+func NewPair(t testing.TB, prefix, ifA, ifB string) *Pair {
+	t.Helper()
+	a := NewNS(t, prefix+"a")
+	b := NewNS(t, prefix+"b")
+	a.IP(t, "link", "add", ifA, "type", "veth", "peer", "name", ifB, "netns", b.Name)
+	a.IP(t, "link", "set", ifA, "up")
+	b.IP(t, "link", "set", ifB, "up")
+	p := &Pair{A: a, B: b, IfA: ifA, IfB: ifB}
+	ia := a.Interface(t, ifA)
+	ib := b.Interface(t, ifB)
+	p.MACA, p.MACB, p.IndexA, p.IndexB = ia.HardwareAddr, ib.HardwareAddr, ia.Index, ib.Index
+	ha, hb := a.Netlink(t), b.Netlink(t)
+	WaitUntil(t, 5*time.Second, "veth carrier up", func() bool {
+		return operUp(ha, ifA) && operUp(hb, ifB)
+	})
+	return p
+}
+
+func operUp(h *netlink.Handle, name string) bool {
+	l, err := h.LinkByName(name)
+	if err != nil {
+		return false
+	}
+	return l.Attrs().OperState == netlink.OperUp
+}
+
+// Run runs a helper command and fails the test with its output on error.
+func Run(t testing.TB, name string, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(name, args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
+	}
+	return string(out)
+}
+
+// WaitUntil polls cond until it holds or the timeout passes. Tests wait on
+// conditions rather than sleeping for a guessed time.
+func WaitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic(err)
+	}
+	return hex.EncodeToString(b)
+}

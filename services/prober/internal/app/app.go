@@ -1,0 +1,231 @@
+// Package app wires the prober: it runs each configured check on its own
+// schedule, turns results into health transitions with rise/fall
+// hysteresis, and publishes transitions (with their evidence), rate-limited
+// raw results and the node's heartbeat.
+package app
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/ami"
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/prober/internal/check"
+	"github.com/fanpbx/fan/services/prober/internal/health"
+	"github.com/fanpbx/fan/services/prober/internal/telemetry"
+)
+
+// Service is a configured prober.
+type Service struct {
+	cfg     Config
+	log     *slog.Logger
+	version string
+
+	mu     sync.Mutex
+	states map[string]events.CheckState
+	// figures are the latest numbers the PBX checks reported.
+	figures map[string]float64
+}
+
+// Build loads and validates the configuration; it starts nothing.
+func Build(o daemon.Options) (daemon.Service, error) {
+	var cfg Config
+	if err := config.Load(o.ConfigPath, &cfg); err != nil {
+		return nil, err
+	}
+	return New(cfg, o.Logger, o.Version), nil
+}
+
+// New builds a prober from a validated configuration.
+func New(cfg Config, log *slog.Logger, version string) *Service {
+	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version,
+		states: map[string]events.CheckState{}, figures: map[string]float64{}}
+}
+
+// Run probes until ctx ends.
+func (s *Service) Run(ctx context.Context) error {
+	return daemon.Serve(ctx, s.cfg.Common, "prober", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
+		var wg sync.WaitGroup
+		for _, cc := range s.cfg.Checks {
+			c, err := s.newChecker(cc)
+			if err != nil {
+				return err
+			}
+			s.setState(cc, events.CheckState{TargetNode: cc.TargetNode, Role: cc.Role, Health: events.HealthUnknown, Since: time.Now()})
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				s.loop(ctx, rt.Bus, cc, c)
+			}()
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.heartbeats(ctx, rt.Bus)
+		}()
+		wg.Wait()
+		return nil
+	})
+}
+
+func (s *Service) newChecker(cc CheckConfig) (check.Checker, error) {
+	switch cc.Kind {
+	case "ami":
+		return check.NewAMI(ami.Config{Addr: cc.Address, Username: cc.Username, Secret: cc.Secret,
+			DialTimeout: cc.Timeout.D(), LoginTimeout: max(cc.Timeout.D(), 3*time.Second)},
+			s.log.With("check", cc.Name)), nil
+	}
+	return nil, fmt.Errorf("check %s: unknown kind %q", cc.Name, cc.Kind)
+}
+
+// loop runs one check on its interval. Runs never overlap: the timeout is
+// below the interval (validated), so a hung PBX costs one timeout per
+// interval, never a pile of goroutines.
+func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.Checker) {
+	log := s.log.With("check", cc.Name, "target_node", cc.TargetNode)
+	tr := health.New(cc.Rise, cc.Fall)
+	var lastPublished time.Time
+	lastOK := false
+	t := time.NewTicker(cc.Interval.D())
+	defer t.Stop()
+	for {
+		if j := cc.Jitter.D(); j > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(rand.N(j)):
+			}
+		}
+		rctx, cancel := context.WithTimeout(ctx, cc.Timeout.D())
+		r := c.Run(rctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		ev := evidence(r)
+		if r.OK {
+			s.setFigures(r.Figures)
+		}
+
+		var resultID string
+		if r.OK != lastOK || r.At.Sub(lastPublished) >= s.cfg.ResultsEvery.D() {
+			env, err := b.Emit(ctx, s.result(cc, c, r, ev))
+			if err != nil {
+				log.Warn("publish result failed", "err", err)
+			} else {
+				resultID, lastPublished = env.ID, r.At
+			}
+		}
+		lastOK = r.OK
+
+		if trn, ok := tr.Observe(ev); ok {
+			s.publishTransition(ctx, b, log, cc, trn, r, resultID)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (s *Service) publishTransition(ctx context.Context, b *bus.Bus, log *slog.Logger, cc CheckConfig, trn health.Transition, r check.Result, resultID string) {
+	reason := fmt.Sprintf("%d consecutive successes (rise %d)", trn.Consecutive, cc.Rise)
+	if trn.To == events.HealthDown {
+		reason = fmt.Sprintf("%d consecutive failures (fall %d): %v", trn.Consecutive, cc.Fall, r.Err)
+	}
+	ht := events.HealthTransition{Check: cc.Name, TargetNode: cc.TargetNode, Role: cc.Role, From: trn.From, To: trn.To,
+		Reason: reason, Consecutive: trn.Consecutive, Rise: cc.Rise, Fall: cc.Fall, Evidence: trn.Evidence}
+	var opts []events.Option
+	if resultID != "" {
+		opts = append(opts, events.CausedByID(resultID, ""))
+	}
+	env, err := b.Emit(ctx, ht, opts...)
+	if err != nil {
+		// The heartbeat carries the state too, so a lost transition is
+		// repaired within one heartbeat interval.
+		log.Error("publish health transition failed", "to", trn.To, "err", err)
+	}
+	log.Info("health transition", "from", trn.From, "to", trn.To, "reason", reason, "event_id", env.ID)
+	s.setState(cc, events.CheckState{TargetNode: cc.TargetNode, Role: cc.Role, Health: trn.To, Since: r.At, SinceEvent: env.ID})
+}
+
+func (s *Service) result(cc CheckConfig, c check.Checker, r check.Result, ev events.Evidence) events.ProbeResult {
+	return events.ProbeResult{Check: cc.Name, Kind: c.Kind(), Target: c.Target(), TargetNode: cc.TargetNode, Role: cc.Role,
+		OK: r.OK, DurationMS: ev.DurationMS, Error: ev.Error, ErrorClass: ev.ErrorClass, Figures: r.Figures, At: r.At}
+}
+
+func evidence(r check.Result) events.Evidence {
+	e := events.Evidence{At: r.At, OK: r.OK, DurationMS: float64(r.Duration.Microseconds()) / 1000}
+	if !r.OK {
+		e.ErrorClass = r.Class
+		e.Error = "failed"
+		if r.Err != nil {
+			e.Error = r.Err.Error()
+		}
+	}
+	return e
+}
+
+func (s *Service) setState(cc CheckConfig, st events.CheckState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.states[cc.Name] = st
+}
+
+func (s *Service) setFigures(f map[string]float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k, v := range f {
+		s.figures[k] = v
+	}
+}
+
+// heartbeats publishes the node's telemetry and every check's current state,
+// so consumers converge even after missing a transition.
+func (s *Service) heartbeats(ctx context.Context, b *bus.Bus) {
+	sampler := telemetry.NewSampler()
+	t := time.NewTicker(s.cfg.HeartbeatInterval.D())
+	defer t.Stop()
+	var seq uint64
+	for {
+		seq++
+		hb := events.NodeHeartbeat{Node: s.cfg.Node, Seq: seq, IntervalMS: s.cfg.HeartbeatInterval.D().Milliseconds(), Version: s.version}
+		if smp, err := sampler.Read(); err != nil {
+			s.log.Warn("telemetry", "err", err)
+		} else {
+			hb.CPUPercent, hb.MemAvailableBytes, hb.MemTotalBytes = smp.CPUPercent, smp.MemAvailableBytes, smp.MemTotalBytes
+			hb.Load1, hb.UptimeSeconds = smp.Load1, smp.UptimeSeconds
+		}
+		s.mu.Lock()
+		hb.Checks = make(map[string]events.CheckState, len(s.states))
+		for k, v := range s.states {
+			hb.Checks[k] = v
+		}
+		if v, ok := s.figures["active_channels"]; ok {
+			n := int(v)
+			hb.ActiveChannels = &n
+		}
+		if v, ok := s.figures["active_calls"]; ok {
+			n := int(v)
+			hb.ActiveCalls = &n
+		}
+		s.mu.Unlock()
+		if _, err := b.Emit(ctx, hb); err != nil && ctx.Err() == nil {
+			s.log.Warn("publish heartbeat failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}

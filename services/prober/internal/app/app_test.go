@@ -1,0 +1,213 @@
+package app
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
+)
+
+const validYAML = `cluster: lab
+node: n1
+bus:
+  url: nats://127.0.0.1:4222
+checks:
+  - name: pbx
+    kind: ami
+    address: 127.0.0.1:5038
+    username: fan
+    secret: s
+    interval: 200ms
+    timeout: 150ms
+    rise: 2
+    fall: 3
+`
+
+func TestConfigErrorsNameTheKeyAndFile(t *testing.T) {
+	cases := map[string]struct{ from, to, key string }{
+		"unknown kind":           {"kind: ami", "kind: telepathy", "checks[0].kind"},
+		"rise 0":                 {"rise: 2", "rise: 0", "checks[0].rise"},
+		"timeout not below":      {"timeout: 150ms", "timeout: 200ms", "checks[0].timeout"},
+		"unknown key":            {"fall: 3", "fall: 3\n    fal: 3", "fal"},
+		"peer without target":    {"kind: ami", "kind: ami\n    role: peer", "checks[0].target_node"},
+		"dotted name":            {"name: pbx", "name: p.bx", "checks[0].name"},
+		"no bus":                 {"bus:\n  url: nats://127.0.0.1:4222\n", "", "bus"},
+		"bare number as a delay": {"interval: 200ms", "interval: 200", "interval"},
+	}
+	for name, tc := range cases {
+		t.Run(name, func(t *testing.T) {
+			path := filepath.Join(t.TempDir(), "prober.yaml")
+			if err := os.WriteFile(path, []byte(strings.Replace(validYAML, tc.from, tc.to, 1)), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := Build(daemon.Options{ConfigPath: path, Logger: slog.New(slog.DiscardHandler)})
+			if err == nil || !strings.Contains(err.Error(), path) || !strings.Contains(err.Error(), tc.key) {
+				t.Fatalf("error %v should name %s and %s", err, path, tc.key)
+			}
+		})
+	}
+	var c Config
+	if err := config.Parse("ok.yaml", []byte(validYAML), &c); err != nil {
+		t.Fatalf("valid config refused: %v", err)
+	}
+	if c.Checks[0].TargetNode != "n1" || c.Checks[0].Role != events.RoleSelf {
+		t.Fatalf("self check defaults: %+v", c.Checks[0])
+	}
+	if got := daemon.Run([]string{"--check-config", filepath.Join(t.TempDir(), "missing.yaml")}, "fan-prober", "t", "", Build); got == 0 {
+		t.Fatal("--check-config of an unreadable file must exit non-zero")
+	}
+}
+
+type harness struct {
+	peer    *amipeer.Peer
+	watcher *bus.Bus
+	got     chan events.Payload
+}
+
+// start runs a prober against a fresh AMI peer and an embedded JetStream.
+func start(t *testing.T, secret string, interval, timeout time.Duration, rise, fall int) *harness {
+	t.Helper()
+	peer, err := amipeer.Start(amipeer.Config{Username: "fan", Secret: "right", SlowDelay: timeout / 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { peer.Close() })
+	s := bustest.Server(t)
+	cfg := Config{
+		Common:            daemon.Common{Cluster: "lab", Node: "n1", Bus: bus.Config{URL: s.ClientURL()}},
+		HeartbeatInterval: config.Duration(100 * time.Millisecond),
+		Checks: []CheckConfig{{Name: "pbx", Kind: "ami", Address: peer.Addr(), Username: "fan", Secret: secret,
+			Interval: config.Duration(interval), Timeout: config.Duration(timeout), Rise: rise, Fall: fall}},
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	h := &harness{peer: peer, watcher: bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "test", Node: "w"}), got: make(chan events.Payload, 1024)}
+	ctx, cancel := context.WithCancel(context.Background())
+	watched := make(chan struct{})
+	go func() {
+		_ = h.watcher.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
+			func(_ events.Envelope, p events.Payload, _ uint64) { h.got <- p })
+		close(watched)
+	}()
+	done := make(chan error, 1)
+	go func() { done <- New(cfg, slog.New(slog.DiscardHandler), "test").Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("prober run: %v", err)
+		}
+		<-watched
+	})
+	return h
+}
+
+// next waits for the next health transition.
+func (h *harness) next(t *testing.T, within time.Duration) (*events.HealthTransition, time.Time) {
+	t.Helper()
+	deadline := time.After(within)
+	for {
+		select {
+		case p := <-h.got:
+			if ht, ok := p.(*events.HealthTransition); ok {
+				return ht, time.Now()
+			}
+		case <-deadline:
+			return nil, time.Now()
+		}
+	}
+}
+
+func TestFrozenPBXIsDownWithinTimeoutTimesFall(t *testing.T) {
+	const interval, timeout, fall = 100 * time.Millisecond, 60 * time.Millisecond, 3
+	h := start(t, "right", interval, timeout, 2, fall)
+	up, _ := h.next(t, 5*time.Second)
+	if up == nil || up.To != events.HealthUp || len(up.Evidence) != 2 {
+		t.Fatalf("first transition %+v, want up with 2 results", up)
+	}
+	frozenAt := time.Now()
+	if err := h.peer.SetMode(amipeer.ModeFrozen); err != nil {
+		t.Fatal(err)
+	}
+	down, at := h.next(t, 5*time.Second)
+	if down == nil || down.To != events.HealthDown {
+		t.Fatalf("frozen PBX: got %+v, want down", down)
+	}
+	// fall failures, each costing at most one interval (the timeout is
+	// shorter), plus the run in flight when the PBX froze.
+	if budget := time.Duration(fall+1) * interval; at.Sub(frozenAt) > budget+200*time.Millisecond {
+		t.Errorf("down after %v, budget %v", at.Sub(frozenAt), budget)
+	}
+	if len(down.Evidence) != fall {
+		t.Fatalf("evidence %d results, want %d", len(down.Evidence), fall)
+	}
+	for _, e := range down.Evidence {
+		if e.OK || e.ErrorClass != events.ErrorTimeout {
+			t.Fatalf("evidence %+v, want timeouts", e)
+		}
+	}
+	if err := h.peer.SetMode(amipeer.ModeNormal); err != nil {
+		t.Fatal(err)
+	}
+	back, _ := h.next(t, 5*time.Second)
+	if back == nil || back.To != events.HealthUp {
+		t.Fatalf("after recovery: %+v, want up", back)
+	}
+}
+
+func TestSlowButAnsweringPBXStaysUp(t *testing.T) {
+	h := start(t, "right", 100*time.Millisecond, 60*time.Millisecond, 2, 3)
+	if up, _ := h.next(t, 5*time.Second); up == nil || up.To != events.HealthUp {
+		t.Fatalf("want up, got %+v", up)
+	}
+	// Answers take a third of the timeout: slow, but inside it.
+	if err := h.peer.SetMode(amipeer.ModeSlow); err != nil {
+		t.Fatal(err)
+	}
+	if tr, _ := h.next(t, 1500*time.Millisecond); tr != nil {
+		t.Fatalf("a slow PBX answering within the timeout moved: %+v", tr)
+	}
+}
+
+func TestWrongPasswordIsAnAuthFailureNotATimeout(t *testing.T) {
+	// The timeout is above Asterisk's 1 s delay before "Authentication failed".
+	h := start(t, "wrong", 2*time.Second, 1500*time.Millisecond, 1, 1)
+	down, _ := h.next(t, 6*time.Second)
+	if down == nil || down.To != events.HealthDown {
+		t.Fatalf("want down, got %+v", down)
+	}
+	if c := down.Evidence[0].ErrorClass; c != events.ErrorAuth {
+		t.Fatalf("error class %q (%s), want auth", c, down.Evidence[0].Error)
+	}
+}
+
+func TestHeartbeatCarriesStateAndFigures(t *testing.T) {
+	h := start(t, "right", 100*time.Millisecond, 60*time.Millisecond, 1, 1)
+	h.peer.SetFigures(amipeer.Figures{Channels: 4, Calls: 2, Processed: 9})
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case p := <-h.got:
+			hb, ok := p.(*events.NodeHeartbeat)
+			if !ok || hb.Checks["pbx"].Health != events.HealthUp || hb.ActiveCalls == nil || *hb.ActiveCalls != 2 {
+				continue
+			}
+			if hb.MemTotalBytes == 0 || *hb.ActiveChannels != 4 || hb.Checks["pbx"].SinceEvent == "" {
+				t.Fatalf("heartbeat %+v", hb)
+			}
+			return
+		case <-deadline:
+			t.Fatal("no heartbeat with the check up and the PBX's figures")
+		}
+	}
+}
