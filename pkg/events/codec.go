@@ -22,6 +22,16 @@ var registry = map[Type]func() Payload{
 	TypeServiceAnnounce:   func() Payload { return &ServiceAnnounce{} },
 }
 
+// register adds payload types defined outside this file. Each file that
+// defines new payloads registers them in its own init, so areas of the
+// contract can grow without editing one shared table.
+func register(t Type, mk func() Payload) {
+	if _, dup := registry[t]; dup {
+		panic("events: type registered twice: " + string(t))
+	}
+	registry[t] = mk
+}
+
 // Types lists every registered type, for golden tests and documentation.
 func Types() []Type {
 	out := make([]Type, 0, len(registry))

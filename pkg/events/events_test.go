@@ -20,10 +20,21 @@ var (
 	intp       = func(v int) *int { return &v }
 )
 
-// samples holds one valid payload of every type; TestGoldenCoversEveryType
-// fails when a type is added without one.
-func samples() map[Type]Payload {
-	return map[Type]Payload{
+// sampleSet holds one valid payload of every type; TestGoldenCoversEveryType
+// fails when a type is added without one. Test files for payloads defined
+// in their own files add theirs with addSamples in an init.
+var sampleSet = map[Type]Payload{}
+
+func addSamples(m map[Type]Payload) {
+	for k, v := range m {
+		sampleSet[k] = v
+	}
+}
+
+func samples() map[Type]Payload { return sampleSet }
+
+func init() {
+	addSamples(map[Type]Payload{
 		TypeProbeResult: ProbeResult{Check: "pbx", Kind: "ami", Target: "127.0.0.1:5038", TargetNode: "n1", Role: RoleSelf,
 			OK: false, DurationMS: 200, Error: "action Command: deadline exceeded", ErrorClass: ErrorTimeout, At: goldenTime},
 		TypeHealthTransition: HealthTransition{Check: "pbx", TargetNode: "n1", Role: RoleSelf, From: HealthUp, To: HealthDown,
@@ -46,7 +57,7 @@ func samples() map[Type]Payload {
 		TypeReplicationStatus: ReplicationStatus{Node: "n1", Peer: "n2", Tree: "/etc/asterisk", Files: 12, Bytes: 4096, DurationMS: 35,
 			LagMS: 120, CaughtUp: true},
 		TypeServiceAnnounce: ServiceAnnounce{Service: "prober", Node: "n1", Version: "0.1.0", State: ServiceStarted},
-	}
+	})
 }
 
 func goldenEnvelope(t *testing.T, p Payload) Envelope {

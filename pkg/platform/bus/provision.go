@@ -51,7 +51,7 @@ func (b *Bus) commandsConfig() jetstream.StreamConfig {
 		Description: "fan commands to node executors, and the leases that fence them",
 		// Leases share the stream with commands so a command can be made
 		// conditional on the lease's last sequence (server-side fencing).
-		Subjects:    []string{events.AllCommands(), events.AllLeases()},
+		Subjects: []string{events.AllCommands(), events.AllLeases()},
 		// Limits, not work-queue, retention: the audit stream's source is a
 		// consumer too, and on a work-queue stream it acknowledges (deletes)
 		// commands before their executor sees them (seen on nats-server
