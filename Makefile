@@ -2,6 +2,7 @@
 #   make build   static binaries in bin/
 #   make test    go vet, gofmt check, every module's tests with -race (root: also the namespace end-to-end test)
 #   make lab     the namespace lab: a real failover, printed as a timeline
+#   make deps    install what the lab and the tests need on Debian 12 (root)
 
 SHELL       := /bin/bash
 VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
@@ -23,7 +24,7 @@ BINARIES := \
 	fan-amipeer:lab:./cmd/fan-amipeer \
 	fan-lab:cmd:./fan-lab
 
-.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz
+.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz deps
 
 all: build
 
@@ -61,6 +62,17 @@ fuzz:
 
 lab: build
 	$(BIN)/fan-lab -bin $(BIN)
+
+# Debian packages: Kamailio (the SIP server answering on the floating IP in
+# the lab), SIPp, iproute2 for namespaces.
+DEB_PACKAGES := kamailio sip-tester iproute2 procps bind9 bind9-utils keepalived ca-certificates git make
+deps:
+	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+		echo "installing: $$missing"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+	cd $(CURDIR) && for m in $$(go list -m -f '{{.Dir}}'); do (cd $$m && go mod download); done
 
 clean:
 	rm -rf $(BIN)

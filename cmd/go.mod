@@ -15,6 +15,7 @@ require (
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/fanpbx/fan/lab v0.0.0
+	github.com/fanpbx/fan/pkg/sipoptions v0.0.0
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
@@ -41,3 +42,5 @@ replace (
 )
 
 replace github.com/fanpbx/fan/lab => ../lab
+
+replace github.com/fanpbx/fan/pkg/sipoptions => ../pkg/sipoptions

@@ -8,8 +8,11 @@ require (
 )
 
 require (
+	github.com/fanpbx/fan/pkg/sipoptions v0.0.0
 	github.com/google/uuid v1.6.0 // indirect
 	golang.org/x/sys v0.2.0 // indirect
 )
 
 replace github.com/fanpbx/fan/pkg/events => ../pkg/events
+
+replace github.com/fanpbx/fan/pkg/sipoptions => ../pkg/sipoptions

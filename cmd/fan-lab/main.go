@@ -23,7 +23,7 @@ import (
 
 	"github.com/fanpbx/fan/cmd/internal/fanctl"
 	"github.com/fanpbx/fan/lab/netlab"
-	"github.com/fanpbx/fan/lab/sipclient"
+	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
 )
@@ -193,7 +193,7 @@ func followEvents(ctx context.Context, l *netlab.Lab, bin string, tl *timeline) 
 
 // watchClient probes the floating IP every 10 ms and prints each change of
 // who answers, as a phone would experience it.
-func watchClient(ctx context.Context, p *sipclient.Pinger, tl *timeline) {
+func watchClient(ctx context.Context, p *sipoptions.Pinger, tl *timeline) {
 	last := ""
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()

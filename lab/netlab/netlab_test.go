@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/lab/sipclient"
+	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/vishvananda/netns"
 )
 
@@ -248,7 +248,7 @@ func TestBuildRejectsUnsafeAddresses(t *testing.T) {
 	}
 }
 
-func pingUntil(t *testing.T, p *sipclient.Pinger, node string, within time.Duration) sipclient.Reply {
+func pingUntil(t *testing.T, p *sipoptions.Pinger, node string, within time.Duration) sipoptions.Reply {
 	t.Helper()
 	deadline := time.Now().Add(within)
 	var last error
@@ -262,7 +262,7 @@ func pingUntil(t *testing.T, p *sipclient.Pinger, node string, within time.Durat
 		last = fmt.Errorf("reply %+v, err %v", r, err)
 	}
 	t.Fatalf("no 200 from %s within %v: last %v", node, within, last)
-	return sipclient.Reply{}
+	return sipoptions.Reply{}
 }
 
 // TestHotStandbyFailover walks the scenario fan's e2e test and benchmark rely on: two
@@ -289,10 +289,10 @@ func TestHotStandbyFailover(t *testing.T) {
 	if err := l.AddrAdd(ctx, "n1", fip); err != nil {
 		t.Fatal(err)
 	}
-	var p *sipclient.Pinger
+	var p *sipoptions.Pinger
 	if err := l.Do(ClientHost, func() error {
 		var err error
-		p, err = sipclient.NewPinger(netip.AddrPortFrom(fip.Addr(), SIPPort).String())
+		p, err = sipoptions.NewPinger(netip.AddrPortFrom(fip.Addr(), SIPPort).String())
 		return err
 	}); err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/netlab"
-	"github.com/fanpbx/fan/lab/sipclient"
+	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/pkg/events"
 )
 
@@ -232,18 +232,18 @@ type Answer struct {
 }
 
 // Pinger probes the floating IP from the client host.
-func (s *Stack) Pinger() (*sipclient.Pinger, error) {
-	var p *sipclient.Pinger
+func (s *Stack) Pinger() (*sipoptions.Pinger, error) {
+	var p *sipoptions.Pinger
 	err := s.Lab.Do(netlab.ClientHost, func() error {
 		var err error
-		p, err = sipclient.NewPinger(netip.AddrPortFrom(s.Lab.FloatingIP().Addr(), netlab.SIPPort).String())
+		p, err = sipoptions.NewPinger(netip.AddrPortFrom(s.Lab.FloatingIP().Addr(), netlab.SIPPort).String())
 		return err
 	})
 	return p, err
 }
 
 // WaitAnswer probes the floating IP every 10 ms until node answers it.
-func (s *Stack) WaitAnswer(ctx context.Context, p *sipclient.Pinger, node string, within time.Duration) (Answer, error) {
+func (s *Stack) WaitAnswer(ctx context.Context, p *sipoptions.Pinger, node string, within time.Duration) (Answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
 	t := time.NewTicker(10 * time.Millisecond)

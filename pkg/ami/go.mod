@@ -16,3 +16,5 @@ replace (
 	github.com/fanpbx/fan/lab => ../../lab
 	github.com/fanpbx/fan/pkg/events => ../events
 )
+
+replace github.com/fanpbx/fan/pkg/sipoptions => ../sipoptions

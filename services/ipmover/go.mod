@@ -55,3 +55,5 @@ replace github.com/fanpbx/fan/pkg/platform => ../../pkg/platform
 replace github.com/fanpbx/fan/pkg/ami => ../../pkg/ami
 
 replace github.com/fanpbx/fan/lab => ../../lab
+
+replace github.com/fanpbx/fan/pkg/sipoptions => ../../pkg/sipoptions

@@ -3,6 +3,7 @@ module github.com/fanpbx/fan/services/prober
 go 1.26.0
 
 require (
+	github.com/fanpbx/fan/lab v0.0.0
 	github.com/fanpbx/fan/pkg/ami v0.0.0
 	github.com/fanpbx/fan/pkg/events v0.0.0
 	github.com/fanpbx/fan/pkg/platform v0.0.0
@@ -40,3 +41,5 @@ replace (
 	github.com/fanpbx/fan/pkg/events => ../../pkg/events
 	github.com/fanpbx/fan/pkg/platform => ../../pkg/platform
 )
+
+replace github.com/fanpbx/fan/pkg/sipoptions => ../../pkg/sipoptions

@@ -1,4 +1,4 @@
-// Package sipclient is a minimal SIP-over-UDP OPTIONS pinger for fan's lab, end-to-end
+// Package sipoptions is a minimal SIP-over-UDP OPTIONS pinger for fan's lab, end-to-end
 // tests and failover benchmark. It answers one question — who, if anyone, answers SIP at
 // this address right now, and how fast — using only the standard library.
 //
@@ -6,7 +6,7 @@
 // request this client sent, so late replies to an earlier probe, strays and garbage are
 // ignored instead of being mistaken for the current answer. Provisional (1xx) replies are
 // skipped; the first final reply wins.
-package sipclient
+package sipoptions
 
 import (
 	"context"

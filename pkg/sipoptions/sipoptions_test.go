@@ -1,4 +1,4 @@
-package sipclient
+package sipoptions
 
 import (
 	"context"
