@@ -23,9 +23,9 @@ import (
 
 	"github.com/fanpbx/fan/cmd/internal/fanctl"
 	"github.com/fanpbx/fan/lab/netlab"
-	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
 func main() {

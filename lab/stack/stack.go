@@ -24,8 +24,8 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/netlab"
-	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
 // Binaries fan's stack needs, all built by `make build`.
