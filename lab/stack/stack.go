@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"text/template"
 	"time"
 
@@ -242,26 +243,40 @@ func (s *Stack) Pinger() (*sipoptions.Pinger, error) {
 	return p, err
 }
 
-// WaitAnswer probes the floating IP every 10 ms until node answers it.
+// WaitAnswer probes the floating IP every 10 ms until node answers it and
+// returns when the first such answer arrived. Probes overlap: a probe lost
+// to a dead holder must not delay the next one, or the measurement would
+// be as coarse as the probe timeout.
 func (s *Stack) WaitAnswer(ctx context.Context, p *sipoptions.Pinger, node string, within time.Duration) (Answer, error) {
 	ctx, cancel := context.WithTimeout(ctx, within)
 	defer cancel()
+	answered := make(chan Answer, 1)
+	var last atomic.Value
+	last.Store("")
 	t := time.NewTicker(10 * time.Millisecond)
 	defer t.Stop()
-	last := ""
 	for {
-		pctx, pcancel := context.WithTimeout(ctx, 100*time.Millisecond)
-		r, err := p.Ping(pctx)
-		pcancel()
-		if err == nil {
-			last = r.ServerNode
-			if r.ServerNode == node {
-				return Answer{Node: node, At: time.Now()}, nil
+		go func() {
+			pctx, pcancel := context.WithTimeout(ctx, 200*time.Millisecond)
+			defer pcancel()
+			r, err := p.Ping(pctx)
+			if err != nil {
+				return
 			}
-		}
+			at := time.Now()
+			last.Store(r.ServerNode)
+			if r.ServerNode == node {
+				select {
+				case answered <- Answer{Node: node, At: at}:
+				default:
+				}
+			}
+		}()
 		select {
+		case a := <-answered:
+			return a, nil
 		case <-ctx.Done():
-			return Answer{}, fmt.Errorf("floating IP not answered by %s within %v (last answer from %q)", node, within, last)
+			return Answer{}, fmt.Errorf("floating IP not answered by %s within %v (last answer from %q)", node, within, last.Load())
 		case <-t.C:
 		}
 	}
