@@ -121,12 +121,19 @@ func TestFailoverEndToEnd(t *testing.T) {
 	}
 	t.Logf("chain: %s -> %s -> %s -> %s", chain.Health.Env.ID, chain.Decision.Env.ID, chain.Claim.Env.ID, chain.Result.Env.ID)
 
-	// fanctl status agrees.
-	gs, err := st.Status(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(gs) != 1 || gs[0].Holder != "n2" {
-		t.Fatalf("fanctl status: %+v, want n2 holding", gs)
+	// fanctl status agrees once the arbiter has taken the claim's result.
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		gs, err := st.Status(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(gs) == 1 && gs[0].Holder == "n2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fanctl status: %+v, want n2 holding", gs)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }
