@@ -82,6 +82,7 @@ type Stack struct {
 	opts  Options
 	procs map[string]*netlab.Proc // "<host>/<name>"
 	dir   string
+	data  map[string]any // template values shared by every config
 }
 
 // Start launches everything and returns once each process is running (not
@@ -116,38 +117,18 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 	for i, n := range nodes {
 		names[i] = n.Name
 	}
-	data := map[string]any{
+	s.data = map[string]any{
 		"Cluster": o.Cluster, "Group": o.Group, "NATS": natsURL, "Nodes": names,
 		"VIP": l.FloatingIP().String(), "AMIAddr": amiAddr, "AMIUser": amiUser, "AMISecret": amiSecret,
 		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
 		"Dir": s.dir,
 	}
 	for _, n := range nodes {
-		d := clone(data)
-		d["Node"] = n.Name
-		k, err := l.StartKamailio(n.Name, n.Name, l.FloatingIP().Addr().String())
-		if err != nil {
-			return nil, fmt.Errorf("kamailio on %s: %w", n.Name, err)
-		}
-		s.procs[n.Name+"/kamailio"] = k
-		if err := s.start(n.Name, "fan-amipeer", "-listen", amiAddr, "-user", amiUser, "-secret", amiSecret,
-			"-control", s.amiControl(n.Name)); err != nil {
+		if err := s.StartNode(ctx, n.Name); err != nil {
 			return nil, err
 		}
-		if err := s.waitTCP(ctx, n.Name, amiAddr); err != nil {
-			return nil, fmt.Errorf("ami peer on %s: %w", n.Name, err)
-		}
-		for _, svc := range []string{"prober", "ipmover", "replicator"} {
-			cfg, err := s.writeConfig(n.Name, svc, d)
-			if err != nil {
-				return nil, err
-			}
-			if err := s.start(n.Name, "fan-"+svc, "-config", cfg); err != nil {
-				return nil, err
-			}
-		}
 	}
-	ctlData := clone(data)
+	ctlData := clone(s.data)
 	ctlData["Node"] = netlab.ControlHost
 	for _, svc := range []string{"arbiter", "scheduler"} {
 		cfg, err := s.writeConfig(netlab.ControlHost, svc, ctlData)
@@ -159,6 +140,72 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		}
 	}
 	return s, nil
+}
+
+// NodeAddrs maps each node to its own address; templates use it for peer checks.
+func nodeAddrs(l *netlab.Lab) map[string]string {
+	m := map[string]string{}
+	for _, n := range l.Nodes() {
+		m[n.Name] = n.Addr.Addr().String()
+	}
+	return m
+}
+
+// StartNode starts (or restarts, after a crash) everything that runs on a
+// PBX node: Kamailio on the floating IP and the node's own address, the AMI
+// peer standing in for Asterisk, and fan's prober, ipmover and replicator.
+// Processes of that node that are still running are left alone.
+func (s *Stack) StartNode(ctx context.Context, node string) error {
+	h, err := s.Lab.Host(node)
+	if err != nil {
+		return err
+	}
+	running := func(name string) bool {
+		p := s.procs[node+"/"+name]
+		return p != nil && !p.Exited()
+	}
+	if !running("kamailio") {
+		k, err := s.Lab.StartKamailioOn(node, node, []string{s.Lab.FloatingIP().Addr().String(), h.Addr.Addr().String()})
+		if err != nil {
+			return fmt.Errorf("kamailio on %s: %w", node, err)
+		}
+		s.procs[node+"/kamailio"] = k
+	}
+	if !running("fan-amipeer") {
+		_ = os.Remove(s.amiControl(node))
+		if err := s.start(node, "fan-amipeer", "-listen", amiAddr, "-user", amiUser, "-secret", amiSecret,
+			"-control", s.amiControl(node)); err != nil {
+			return err
+		}
+		if err := s.waitTCP(ctx, node, amiAddr); err != nil {
+			return fmt.Errorf("ami peer on %s: %w", node, err)
+		}
+	}
+	d := clone(s.data)
+	d["Node"] = node
+	d["NodeAddr"] = h.Addr.Addr().String()
+	d["NodeAddrs"] = nodeAddrs(s.Lab)
+	for _, svc := range []string{"prober", "ipmover", "replicator"} {
+		if running("fan-" + svc) {
+			continue
+		}
+		cfg, err := s.writeConfig(node, svc, d)
+		if err != nil {
+			return err
+		}
+		if err := s.start(node, "fan-"+svc, "-config", cfg); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ThawPBX undoes KillPBX: the AMI peer answers again and Kamailio runs.
+func (s *Stack) ThawPBX(ctx context.Context, node string) error {
+	if out, err := exec.CommandContext(ctx, filepath.Join(s.opts.BinDir, "fan-amipeer"), "ctl", "-control", s.amiControl(node), "normal").CombinedOutput(); err != nil {
+		return fmt.Errorf("thaw ami on %s: %w: %s", node, err, out)
+	}
+	return s.StartNode(ctx, node)
 }
 
 func clone(m map[string]any) map[string]any {

@@ -1,0 +1,241 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/fanpbx/fan/lab/netlab"
+	"github.com/fanpbx/fan/lab/stack"
+)
+
+// AddressHolders lists the nodes whose eth0 carries the floating IP.
+func AddressHolders(ctx context.Context, l *netlab.Lab) ([]string, error) {
+	var out []string
+	for _, n := range l.Nodes() {
+		b, err := l.Exec(ctx, n.Name, "ip", "-o", "addr", "show", "dev", "eth0")
+		if err != nil {
+			return nil, err
+		}
+		if strings.Contains(string(b), " "+l.FloatingIP().Addr().String()+"/") {
+			out = append(out, n.Name)
+		}
+	}
+	return out, nil
+}
+
+// oneHolderBesides is true when exactly one node other than node holds the address.
+func oneHolderBesides(ctx context.Context, l *netlab.Lab, node string) bool {
+	h, err := AddressHolders(ctx, l)
+	return err == nil && len(h) == 1 && h[0] != node
+}
+
+// Fan is fan's stack under test.
+type Fan struct {
+	St *stack.Stack
+}
+
+func (f *Fan) Name() string { return "fan" }
+
+func (f *Fan) Fault(ctx context.Context, s Scenario, node string) error {
+	switch s {
+	case PBXDeath:
+		return f.St.KillPBX(ctx, node)
+	case NodeCrash:
+		_, err := f.St.Lab.KillAll(node)
+		return err
+	case LinkCut:
+		return f.St.Lab.LinkDown(node)
+	}
+	return fmt.Errorf("unknown scenario %q", s)
+}
+
+func (f *Fan) Restore(ctx context.Context, s Scenario, node string) error {
+	switch s {
+	case PBXDeath:
+		return f.St.ThawPBX(ctx, node)
+	case NodeCrash:
+		return f.St.StartNode(ctx, node)
+	case LinkCut:
+		return f.St.Lab.LinkUp(node)
+	}
+	return fmt.Errorf("unknown scenario %q", s)
+}
+
+// Ready: the arbiter sees node healthy and on the bus again, and exactly one
+// other node holds the address.
+func (f *Fan) Ready(ctx context.Context, node string) bool {
+	gs, err := f.St.Status(ctx)
+	if err != nil || len(gs) == 0 {
+		return false
+	}
+	ns, ok := gs[0].Nodes[node]
+	return ok && ns.Health == "up" && !ns.Silent && oneHolderBesides(ctx, f.St.Lab, node)
+}
+
+func (f *Fan) Close() { f.St.Stop() }
+
+// Keepalived runs Debian's keepalived in the same topology: VRRPv3 over
+// unicast between the nodes, a vrrp_script that sends a real SIP OPTIONS to
+// the node's own SIP server, hot standby through ip_nonlocal_bind exactly
+// like fan's lab.
+type Keepalived struct {
+	Lab *netlab.Lab
+	// BinDir holds fan-bench, whose sip-ping mode is the vrrp_script.
+	BinDir string
+	// AdvertInt is the VRRP advert interval in seconds (VRRPv3 allows 0.01).
+	AdvertInt float64
+	// ScriptInterval (whole seconds; keepalived refuses less than 1) and Fall.
+	ScriptInterval, Fall int
+
+	procs map[string]*netlab.Proc
+}
+
+func (k *Keepalived) Name() string { return "keepalived" }
+
+// Start launches Kamailio and keepalived on every node.
+func (k *Keepalived) Start(ctx context.Context) error {
+	k.procs = map[string]*netlab.Proc{}
+	for _, n := range k.Lab.Nodes() {
+		if err := k.startKamailio(n.Name); err != nil {
+			return err
+		}
+		if err := k.startKeepalived(n.Name); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (k *Keepalived) startKamailio(node string) error {
+	h, err := k.Lab.Host(node)
+	if err != nil {
+		return err
+	}
+	p, err := k.Lab.StartKamailioOn(node, node, []string{k.Lab.FloatingIP().Addr().String(), h.Addr.Addr().String()})
+	if err != nil {
+		return err
+	}
+	k.procs[node+"/kamailio"] = p
+	return nil
+}
+
+const keepalivedConf = `global_defs {
+  router_id %[1]s
+  vrrp_version 3
+  script_user root
+  enable_script_security
+}
+vrrp_script chk_sip {
+  script "%[2]s sip-ping -timeout 500ms %[3]s:5060"
+  interval %[4]d
+  timeout 1
+  fall %[5]d
+  rise 1
+}
+vrrp_instance fan_bench {
+  state BACKUP
+  nopreempt
+  interface eth0
+  virtual_router_id 51
+  priority %[6]d
+  advert_int %[7]g
+  unicast_src_ip %[3]s
+  unicast_peer {
+%[8]s  }
+  virtual_ipaddress {
+    %[9]s dev eth0
+  }
+  track_script {
+    chk_sip
+  }
+}
+`
+
+func (k *Keepalived) startKeepalived(node string) error {
+	h, err := k.Lab.Host(node)
+	if err != nil {
+		return err
+	}
+	var peers strings.Builder
+	prio := 100
+	for i, n := range k.Lab.Nodes() {
+		if n.Name == node {
+			prio = 100 - 10*i
+			continue
+		}
+		fmt.Fprintf(&peers, "    %s\n", n.Addr.Addr())
+	}
+	dir := filepath.Join(k.Lab.Dir(), "keepalived-"+node)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	cfg := filepath.Join(dir, "keepalived.conf")
+	body := fmt.Sprintf(keepalivedConf, node, filepath.Join(k.BinDir, "fan-bench"), h.Addr.Addr(), k.ScriptInterval, k.Fall,
+		prio, k.AdvertInt, peers.String(), k.Lab.FloatingIP())
+	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
+		return err
+	}
+	p, err := k.Lab.Start(node, "keepalived", []string{"keepalived", "--dont-fork", "--log-console", "--no-syslog", "--vrrp",
+		"-f", cfg, "-p", filepath.Join(dir, "keepalived.pid"), "-r", filepath.Join(dir, "vrrp.pid")}, nil)
+	if err != nil {
+		return fmt.Errorf("keepalived on %s: %w", node, err)
+	}
+	k.procs[node+"/keepalived"] = p
+	return nil
+}
+
+func (k *Keepalived) Fault(ctx context.Context, s Scenario, node string) error {
+	switch s {
+	case PBXDeath:
+		if p := k.procs[node+"/kamailio"]; p != nil {
+			return p.Kill()
+		}
+		return fmt.Errorf("no kamailio on %s", node)
+	case NodeCrash:
+		_, err := k.Lab.KillAll(node)
+		return err
+	case LinkCut:
+		return k.Lab.LinkDown(node)
+	}
+	return fmt.Errorf("unknown scenario %q", s)
+}
+
+func (k *Keepalived) Restore(ctx context.Context, s Scenario, node string) error {
+	switch s {
+	case PBXDeath:
+		return k.startKamailio(node)
+	case NodeCrash:
+		// keepalived does not remove its address when killed (SIGKILL):
+		// clean up as an operator's reboot would, then start again.
+		if err := k.Lab.AddrDel(ctx, node, k.Lab.FloatingIP()); err != nil && !strings.Contains(err.Error(), "Cannot assign") {
+			return err
+		}
+		if err := k.startKamailio(node); err != nil {
+			return err
+		}
+		return k.startKeepalived(node)
+	case LinkCut:
+		return k.Lab.LinkUp(node)
+	}
+	return fmt.Errorf("unknown scenario %q", s)
+}
+
+// Ready: node's processes run and exactly one node holds the address.
+func (k *Keepalived) Ready(ctx context.Context, node string) bool {
+	for _, name := range []string{"kamailio", "keepalived"} {
+		if p := k.procs[node+"/"+name]; p == nil || p.Exited() {
+			return false
+		}
+	}
+	h, err := AddressHolders(ctx, k.Lab)
+	return err == nil && len(h) == 1
+}
+
+func (k *Keepalived) Close() {
+	for _, p := range k.procs {
+		_ = p.Stop()
+	}
+}

@@ -1,0 +1,133 @@
+// Command fan-bench measures failover time of fan and of keepalived in the
+// same namespace topology, scenario by scenario, and prints one line per
+// scenario:
+//
+//	scenario=<name> cycles=<n> fan_p50_ms=<x> fan_p99_ms=<x> keepalived_p50_ms=<x> keepalived_p99_ms=<x> ratio_p99=<fan/keepalived>
+//
+// `fan-bench sip-ping ADDR` is the SIP check keepalived's vrrp_script runs.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fanpbx/fan/lab/bench"
+	"github.com/fanpbx/fan/lab/netlab"
+	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/sipoptions"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "sip-ping" {
+		os.Exit(sipPing(os.Args[2:]))
+	}
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "fan-bench:", err)
+		os.Exit(1)
+	}
+}
+
+// sipPing exits 0 when addr answers an OPTIONS with a final response below 500.
+func sipPing(args []string) int {
+	fs := flag.NewFlagSet("sip-ping", flag.ContinueOnError)
+	timeout := fs.Duration("timeout", 500*time.Millisecond, "deadline")
+	if err := fs.Parse(args); err != nil || fs.NArg() != 1 {
+		fmt.Fprintln(os.Stderr, "usage: fan-bench sip-ping [-timeout 500ms] IP:PORT")
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), *timeout)
+	defer cancel()
+	r, err := sipoptions.Ping(ctx, fs.Arg(0))
+	if err != nil || r.Status >= 500 {
+		return 1
+	}
+	return 0
+}
+
+func run() error {
+	bin := flag.String("bin", "bin", "directory with fan's binaries (make build)")
+	cycles := flag.Int("cycles", 30, "failovers per scenario and system")
+	only := flag.String("scenarios", "pbx-death,node-crash,link-cut", "comma-separated scenarios")
+	advert := flag.Float64("advert", 0.05, "keepalived VRRPv3 advert interval in seconds (fan's peer-probe interval)")
+	fall := flag.Int("fall", 3, "consecutive misses before acting, on both sides")
+	verbose := flag.Bool("v", false, "print every cycle")
+	flag.Parse()
+	absBin, err := filepath.Abs(*bin)
+	if err != nil {
+		return err
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("the benchmark builds network namespaces: run it as root")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+
+	results := map[string]map[bench.Scenario][]bench.Cycle{}
+	var scenarios []bench.Scenario
+	for _, s := range strings.Split(*only, ",") {
+		scenarios = append(scenarios, bench.Scenario(strings.TrimSpace(s)))
+	}
+	for _, system := range []string{"fan", "keepalived"} {
+		results[system] = map[bench.Scenario][]bench.Cycle{}
+		for _, sc := range scenarios {
+			cs, err := measure(ctx, log, system, sc, absBin, *cycles, *advert, *fall, *verbose)
+			if err != nil {
+				return fmt.Errorf("%s %s: %w", system, sc, err)
+			}
+			results[system][sc] = cs
+		}
+	}
+	for _, sc := range scenarios {
+		fmt.Println(bench.Line(sc, results["fan"][sc], results["keepalived"][sc]))
+	}
+	return nil
+}
+
+// measure runs one system through one scenario on a fresh lab, so one
+// scenario's leftovers never bias the next.
+func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scenario, bin string, cycles int, advert float64, fall int, verbose bool) ([]bench.Cycle, error) {
+	l, err := netlab.Build(ctx, netlab.Spec{Logger: log})
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	var sys bench.System
+	switch system {
+	case "fan":
+		st, err := stack.Start(ctx, l, stack.Options{BinDir: bin, Log: log, Fall: fall})
+		if st != nil {
+			defer st.Stop()
+		}
+		if err != nil {
+			return nil, err
+		}
+		sys = &bench.Fan{St: st}
+	case "keepalived":
+		k := &bench.Keepalived{Lab: l, BinDir: bin, AdvertInt: advert, ScriptInterval: 1, Fall: fall}
+		defer k.Close()
+		if err := k.Start(ctx); err != nil {
+			return nil, err
+		}
+		sys = k
+	}
+	c, err := bench.NewClient(l)
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	return bench.Run(ctx, sys, c, sc, cycles, func(cy bench.Cycle) {
+		if verbose {
+			fmt.Fprintf(os.Stderr, "%s %s %s->%s %v\n", system, sc, cy.From, cy.To, cy.Took.Round(time.Millisecond))
+		}
+	})
+}
