@@ -90,7 +90,8 @@ type Keepalived struct {
 	// ScriptInterval (whole seconds; keepalived refuses less than 1) and Fall.
 	ScriptInterval, Fall int
 
-	procs map[string]*netlab.Proc
+	procs  map[string]*netlab.Proc
+	starts int
 }
 
 func (k *Keepalived) Name() string { return "keepalived" }
@@ -178,8 +179,13 @@ func (k *Keepalived) startKeepalived(node string) error {
 	if err := os.WriteFile(cfg, []byte(body), 0o644); err != nil {
 		return err
 	}
+	// Fresh pid files for every start: a killed keepalived's children can
+	// linger as zombies here (nothing reaps them), and keepalived refuses to
+	// start while a pid file names a live pid.
+	k.starts++
+	pid := func(name string) string { return filepath.Join(dir, fmt.Sprintf("%s-%d.pid", name, k.starts)) }
 	p, err := k.Lab.Start(node, "keepalived", []string{"keepalived", "--dont-fork", "--log-console", "--no-syslog", "--vrrp",
-		"-f", cfg, "-p", filepath.Join(dir, "keepalived.pid"), "-r", filepath.Join(dir, "vrrp.pid")}, nil)
+		"-f", cfg, "-p", pid("keepalived"), "-r", pid("vrrp")}, nil)
 	if err != nil {
 		return fmt.Errorf("keepalived on %s: %w", node, err)
 	}
@@ -238,4 +244,13 @@ func (k *Keepalived) Close() {
 	for _, p := range k.procs {
 		_ = p.Stop()
 	}
+}
+
+// Logs returns the tail of every process's log, for a failed run.
+func (k *Keepalived) Logs() string {
+	var b strings.Builder
+	for name, p := range k.procs {
+		fmt.Fprintf(&b, "==== %s\n%s\n", name, p.Tail(3000))
+	}
+	return b.String()
 }

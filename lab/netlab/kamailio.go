@@ -18,7 +18,7 @@ import (
 const kamailioCfg = `#!KAMAILIO
 children=2
 auto_aliases=no
-listen=udp:%s:5060
+%s
 loadmodule "kex.so"
 loadmodule "corex.so"
 loadmodule "tm.so"
@@ -53,6 +53,21 @@ var KamailioReadyTimeout = 10 * time.Second
 // hot-standby case. The config is checked with `kamailio -c` first and its output is in
 // the error if the check fails.
 func (l *Lab) StartKamailio(host, nodeName, listenIP string) (*Proc, error) {
+	return l.startKamailio(host, nodeName, []string{listenIP}, false)
+}
+
+// StartKamailioOn is StartKamailio listening on several addresses, over UDP and TCP on
+// each: typically the floating IP (what phones use) and the node's own address (what
+// peers probe to tell a dead node from one cut off from the bus). It returns once every
+// UDP socket is bound.
+func (l *Lab) StartKamailioOn(host, nodeName string, listenIPs []string) (*Proc, error) {
+	if len(listenIPs) == 0 {
+		return nil, fmt.Errorf("netlab kamailio on %s: no listen address", host)
+	}
+	return l.startKamailio(host, nodeName, listenIPs, true)
+}
+
+func (l *Lab) startKamailio(host, nodeName string, listenIPs []string, tcp bool) (*Proc, error) {
 	h, err := l.host(host)
 	if err != nil {
 		return nil, err
@@ -60,16 +75,28 @@ func (l *Lab) StartKamailio(host, nodeName, listenIP string) (*Proc, error) {
 	if !nodeNameRE.MatchString(nodeName) {
 		return nil, fmt.Errorf("netlab kamailio on %s: node name %q must match %s", host, nodeName, nodeNameRE)
 	}
-	ip, err := netip.ParseAddr(listenIP)
-	if err != nil || !ip.Is4() || !allowedAddr(ip) {
-		return nil, fmt.Errorf("netlab kamailio on %s: listen IP %q must be an IPv4 test-network address", host, listenIP)
+	var ips []netip.Addr
+	var listen strings.Builder
+	for _, s := range listenIPs {
+		ip, err := netip.ParseAddr(s)
+		if err != nil || !ip.Is4() || !allowedAddr(ip) {
+			return nil, fmt.Errorf("netlab kamailio on %s: listen IP %q must be an IPv4 test-network address", host, s)
+		}
+		ips = append(ips, ip)
+		fmt.Fprintf(&listen, "listen=udp:%s:%d\n", ip, SIPPort)
+		if tcp {
+			fmt.Fprintf(&listen, "listen=tcp:%s:%d\n", ip, SIPPort)
+		}
+	}
+	if tcp {
+		listen.WriteString("tcp_accept_no_cl=yes\n")
 	}
 	dir, err := os.MkdirTemp(l.dir, "kamailio-"+host+"-")
 	if err != nil {
 		return nil, fmt.Errorf("netlab kamailio on %s: %w", host, err)
 	}
 	cfg := filepath.Join(dir, "kamailio.cfg")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, kamailioCfg, ip, nodeName), 0o644); err != nil {
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, kamailioCfg, strings.TrimSuffix(listen.String(), "\n"), nodeName), 0o644); err != nil {
 		return nil, fmt.Errorf("netlab kamailio on %s: write config: %w", host, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -94,8 +121,12 @@ func (l *Lab) StartKamailio(host, nodeName, listenIP string) (*Proc, error) {
 	}
 	deadline := time.Now().Add(KamailioReadyTimeout)
 	for {
-		if udpBound(p.Pid(), want, ip, SIPPort) {
-			l.log.Info("netlab: kamailio ready", "host", host, "node", nodeName, "listen", ip, "pid", p.Pid())
+		bound := true
+		for _, ip := range ips {
+			bound = bound && udpBound(p.Pid(), want, ip, SIPPort)
+		}
+		if bound {
+			l.log.Info("netlab: kamailio ready", "host", host, "node", nodeName, "listen", listenIPs, "tcp", tcp, "pid", p.Pid())
 			return p, nil
 		}
 		if p.Exited() {
@@ -103,7 +134,7 @@ func (l *Lab) StartKamailio(host, nodeName, listenIP string) (*Proc, error) {
 		}
 		if time.Now().After(deadline) {
 			_ = p.Kill()
-			return nil, fmt.Errorf("netlab kamailio on %s: udp %s:%d not bound after %v: %s", host, ip, SIPPort, KamailioReadyTimeout, p.Tail(2048))
+			return nil, fmt.Errorf("netlab kamailio on %s: udp %v:%d not bound after %v: %s", host, listenIPs, SIPPort, KamailioReadyTimeout, p.Tail(2048))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -9,7 +9,7 @@ bus:
   url: {{.NATS}}
 heartbeat_interval: 1s
 checks:
-  - name: pbx
+  - name: pbx-ami
     kind: ami
     role: self
     address: {{.AMIAddr}}
@@ -19,6 +19,29 @@ checks:
     timeout: {{.Timeout}}
     rise: {{.Rise}}
     fall: {{.Fall}}
+  - name: pbx-sip
+    kind: sip
+    role: self
+    address: {{.NodeAddr}}:5060
+    interval: {{.Interval}}
+    timeout: {{.Timeout}}
+    rise: {{.Rise}}
+    fall: {{.Fall}}
+{{- range $peer, $addr := .NodeAddrs}}{{if ne $peer $.Node}}
+  - name: peer-{{$peer}}
+    kind: sip
+    role: peer
+    target_node: {{$peer}}
+    address: {{$addr}}:5060
+    interval: {{$.PeerInterval}}
+    timeout: {{$.PeerTimeout}}
+    rise: {{$.Rise}}
+    fall: {{$.Fall}}
+{{- end}}{{end}}
+groups:
+  - name: pbx
+    min_up: 2
+    checks: [pbx-ami, pbx-sip]
 `,
 	"ipmover": `cluster: {{.Cluster}}
 node: {{.Node}}
@@ -32,11 +55,39 @@ ami:
   address: {{.AMIAddr}}
   username: {{.AMIUser}}
   secret: {{.AMISecret}}
+verify:
+  port: 5060
+  timeout: 3s
+claim:
+  probe_wait: 100ms
+bus_loss:
+  policy: hold
 `,
 	"replicator": `cluster: {{.Cluster}}
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+group: {{.Group}}
+state_dir: {{.Dir}}/{{.Node}}-replicator/state
+scan_interval: 5s
+# The lab's trees live in its temp dir, one set per node, never in the
+# machine's /etc/asterisk; create makes the empty roots on start.
+trees:
+  - name: asterisk-etc
+    path: {{.Dir}}/{{.Node}}-replicator/etc-asterisk
+    create: true
+  - name: voicemail
+    path: {{.Dir}}/{{.Node}}-replicator/voicemail
+    exclude: [tmp/]
+    create: true
+astdb:
+  enabled: true
+  families: [registrar]
+  interval: 1s
+  ami:
+    address: {{.AMIAddr}}
+    username: {{.AMIUser}}
+    secret: {{.AMISecret}}
 `,
 	"scheduler": `cluster: {{.Cluster}}
 node: {{.Node}}

@@ -38,9 +38,12 @@ type Options struct {
 	BinDir string
 	// Cluster and Group name the lab cluster and its one floating-IP group.
 	Cluster, Group string
-	// Check timing of the PBX check: interval × fall is the detection budget.
+	// Check timing of the PBX checks: interval × fall is the detection budget.
 	Interval, Timeout time.Duration
-	Rise, Fall        int
+	// PeerInterval and PeerTimeout time each node's probes of its peers'
+	// PBX, the evidence that tells a dead node from one cut off the bus.
+	PeerInterval, PeerTimeout time.Duration
+	Rise, Fall                int
 	Log               *slog.Logger
 }
 
@@ -56,6 +59,12 @@ func (o *Options) defaults() {
 	}
 	if o.Timeout == 0 {
 		o.Timeout = 150 * time.Millisecond
+	}
+	if o.PeerInterval == 0 {
+		o.PeerInterval = o.Interval
+	}
+	if o.PeerTimeout == 0 {
+		o.PeerTimeout = min(o.Timeout, o.PeerInterval*3/4)
 	}
 	if o.Rise == 0 {
 		o.Rise = 2
@@ -121,7 +130,7 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		"Cluster": o.Cluster, "Group": o.Group, "NATS": natsURL, "Nodes": names,
 		"VIP": l.FloatingIP().String(), "AMIAddr": amiAddr, "AMIUser": amiUser, "AMISecret": amiSecret,
 		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
-		"Dir": s.dir,
+		"PeerInterval": o.PeerInterval.String(), "PeerTimeout": o.PeerTimeout.String(), "Dir": s.dir,
 	}
 	for _, n := range nodes {
 		if err := s.StartNode(ctx, n.Name); err != nil {

@@ -237,6 +237,13 @@ type ArbiterDecision struct {
 	Reason   string   `json:"reason"`
 	CausedBy []string `json:"caused_by"`
 	Commands []string `json:"commands,omitempty"`
+	// NeedsHuman marks a decision the arbiter cannot resolve on its own
+	// (a group frozen after too many moves, or a dead holder in a frozen
+	// group): alerting keys on it.
+	NeedsHuman bool `json:"needs_human,omitempty"`
+	// Forced marks a failback made with calls still up because the window
+	// was about to close and the policy says force.
+	Forced bool `json:"forced,omitempty"`
 }
 
 func (ArbiterDecision) EventType() Type    { return TypeArbiterDecision }
@@ -487,6 +494,12 @@ type ReplicationStatus struct {
 	LagMS      float64 `json:"lag_ms"`
 	CaughtUp   bool    `json:"caught_up"`
 	Error      string  `json:"error,omitempty"`
+	// Optional, added by the replicator: the group whose holder is Node,
+	// the manifest generation the peer confirmed, and how many entries
+	// that pass deleted on the peer.
+	Group      string `json:"group,omitempty"`
+	Generation uint64 `json:"generation,omitempty"`
+	Deleted    int64  `json:"deleted,omitempty"`
 }
 
 func (ReplicationStatus) EventType() Type    { return TypeReplicationStatus }

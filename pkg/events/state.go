@@ -15,6 +15,15 @@ type GroupStatus struct {
 	LastDecision string                `json:"last_decision,omitempty"`
 	Nodes        map[string]NodeStatus `json:"nodes"`
 	UpdatedAt    time.Time             `json:"updated_at"`
+	// Frozen is why the arbiter makes no automatic move in this group
+	// (maintenance, or too many moves in an hour); empty when it may.
+	Frozen string `json:"frozen,omitempty"`
+	// Situation is the last "decided not to move" explained.
+	Situation string `json:"situation,omitempty"`
+	// PermitUntil is the end of the failback permit in force, if any.
+	PermitUntil time.Time `json:"permit_until,omitzero"`
+	// MovesLastHour counts the automatic moves the flap cap looks at.
+	MovesLastHour int `json:"moves_last_hour,omitempty"`
 }
 
 // NodeStatus is one node as the arbiter sees it.
@@ -24,6 +33,10 @@ type NodeStatus struct {
 	LastHeartbeat time.Time `json:"last_heartbeat,omitzero"`
 	Silent        bool      `json:"silent"`
 	Priority      int       `json:"priority"`
+	// Standby: an operator barred the node from holding anything.
+	Standby bool `json:"standby,omitempty"`
+	// Eligible: healthy, heard and not in standby (may be given the group).
+	Eligible bool `json:"eligible,omitempty"`
 }
 
 // StateKeyPrefix starts every key of the state bucket written by fan.

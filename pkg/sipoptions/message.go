@@ -1,6 +1,7 @@
 package sipoptions
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -9,10 +10,15 @@ import (
 	"strings"
 )
 
-func buildOptions(target, local netip.AddrPort, branch, tag, callID string, cseq uint32) []byte {
+func buildOptions(target, local netip.AddrPort, transport Transport, branch, tag, callID string, cseq uint32) []byte {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "OPTIONS sip:%s SIP/2.0\r\n", target)
-	fmt.Fprintf(&b, "Via: SIP/2.0/UDP %s;branch=%s;rport\r\n", local, branch)
+	uriParams := ""
+	if transport == TCP {
+		// RFC 3263: without the parameter a server may answer on UDP.
+		uriParams = ";transport=tcp"
+	}
+	fmt.Fprintf(&b, "OPTIONS sip:%s%s SIP/2.0\r\n", target, uriParams)
+	fmt.Fprintf(&b, "Via: SIP/2.0/%s %s;branch=%s;rport\r\n", transport.viaName(), local, branch)
 	b.WriteString("Max-Forwards: 70\r\n")
 	fmt.Fprintf(&b, "From: <sip:fan-probe@%s>;tag=%s\r\n", hostOnly(local), tag)
 	fmt.Fprintf(&b, "To: <sip:%s>\r\n", target)
@@ -140,4 +146,47 @@ func viaParam(via, name string) string {
 		}
 	}
 	return ""
+}
+
+// maxHeader bounds one message's header on a stream, so a peer that never
+// ends its header cannot make the reader grow without limit.
+const maxHeader = 64 << 10
+
+// readStreamMessage reads one message from a stream transport (RFC 3261
+// §18.3: the header ends at an empty line, Content-Length frames the body)
+// and returns it parsed. CRLF keepalives between messages (RFC 5626 §4.4.1)
+// are skipped. The body is read and dropped: OPTIONS answers are judged by
+// their status line.
+func readStreamMessage(br *bufio.Reader) (*message, error) {
+	var head []byte
+	for {
+		line, err := br.ReadSlice('\n')
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return nil, err
+		}
+		if len(head) == 0 && (len(bytes.TrimSpace(line)) == 0) {
+			continue
+		}
+		head = append(head, line...)
+		if len(head) > maxHeader {
+			return nil, fmt.Errorf("%w: header longer than %d bytes", errMalformed, maxHeader)
+		}
+		if bytes.Equal(line, []byte("\r\n")) || bytes.Equal(line, []byte("\n")) {
+			break
+		}
+	}
+	m, err := parseMessage(head)
+	if err != nil {
+		return nil, err
+	}
+	if cl := m.header("content-length"); cl != "" {
+		n, err := strconv.Atoi(cl)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%w: Content-Length %q", errMalformed, cl)
+		}
+		if _, err := br.Discard(n); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }

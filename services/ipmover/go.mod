@@ -8,7 +8,11 @@ require (
 	github.com/mdlayher/ethernet v0.0.0-20220221185849-529eae5b6118
 	github.com/mdlayher/ndp v1.1.0
 	github.com/mdlayher/packet v1.0.0
+	github.com/miekg/dns v1.1.73
+	github.com/nats-io/nats-server/v2 v2.15.2
 	github.com/nats-io/nats.go v1.55.0
+	github.com/prometheus/client_golang v1.25.0
+	github.com/prometheus/client_model v0.6.3
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 	golang.org/x/sys v0.49.0
@@ -23,11 +27,8 @@ require (
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nats-server/v2 v2.15.2 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
-	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/staskobzar/goami2 v1.7.6 // indirect
@@ -38,8 +39,10 @@ require (
 )
 
 require (
+	github.com/fanpbx/fan/lab v0.0.0
 	github.com/fanpbx/fan/pkg/ami v0.0.0
 	github.com/fanpbx/fan/pkg/platform v0.0.0
+	github.com/fanpbx/fan/pkg/sipoptions v0.0.0
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/josharian/native v1.0.0 // indirect
 	github.com/mdlayher/socket v0.2.1 // indirect

@@ -7,6 +7,8 @@ require (
 	github.com/fanpbx/fan/pkg/ami v0.0.0
 	github.com/fanpbx/fan/pkg/events v0.0.0
 	github.com/fanpbx/fan/pkg/platform v0.0.0
+	github.com/fanpbx/fan/pkg/sipoptions v0.0.0
+	golang.org/x/net v0.60.0
 )
 
 require (
@@ -28,6 +30,7 @@ require (
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
 	github.com/staskobzar/goami2 v1.7.6 // indirect
+	github.com/vishvananda/netns v0.0.5 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect

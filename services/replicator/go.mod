@@ -2,27 +2,33 @@ module github.com/fanpbx/fan/services/replicator
 
 go 1.26.0
 
-require github.com/fanpbx/fan/pkg/platform v0.0.0
+require (
+	github.com/fanpbx/fan/lab v0.0.0
+	github.com/fanpbx/fan/pkg/ami v0.0.0-00010101000000-000000000000
+	github.com/fanpbx/fan/pkg/events v0.0.0
+	github.com/fanpbx/fan/pkg/platform v0.0.0
+	github.com/fsnotify/fsnotify v1.10.1
+	github.com/nats-io/nats-server/v2 v2.15.2
+	github.com/nats-io/nats.go v1.55.0
+	github.com/prometheus/client_golang v1.25.0
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/fanpbx/fan/pkg/events v0.0.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
-	github.com/nats-io/nats-server/v2 v2.15.2 // indirect
-	github.com/nats-io/nats.go v1.55.0 // indirect
 	github.com/nats-io/nkeys v0.4.16 // indirect
 	github.com/nats-io/nuid v1.0.1 // indirect
-	github.com/prometheus/client_golang v1.25.0 // indirect
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
+	github.com/staskobzar/goami2 v1.7.6 // indirect
 	go.yaml.in/yaml/v3 v3.0.6 // indirect
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -31,6 +37,9 @@ require (
 )
 
 replace (
+	github.com/fanpbx/fan/lab => ../../lab
+	github.com/fanpbx/fan/pkg/ami => ../../pkg/ami
 	github.com/fanpbx/fan/pkg/events => ../../pkg/events
 	github.com/fanpbx/fan/pkg/platform => ../../pkg/platform
+	github.com/fanpbx/fan/pkg/sipoptions => ../../pkg/sipoptions
 )

@@ -57,6 +57,7 @@ func run() error {
 	bin := flag.String("bin", "bin", "directory with fan's binaries (make build)")
 	cycles := flag.Int("cycles", 30, "failovers per scenario and system")
 	only := flag.String("scenarios", "pbx-death,node-crash,link-cut", "comma-separated scenarios")
+	systems := flag.String("systems", "fan,keepalived", "comma-separated systems to measure")
 	advert := flag.Float64("advert", 0.05, "keepalived VRRPv3 advert interval in seconds (fan's peer-probe interval)")
 	fall := flag.Int("fall", 3, "consecutive misses before acting, on both sides")
 	verbose := flag.Bool("v", false, "print every cycle")
@@ -77,7 +78,7 @@ func run() error {
 	for _, s := range strings.Split(*only, ",") {
 		scenarios = append(scenarios, bench.Scenario(strings.TrimSpace(s)))
 	}
-	for _, system := range []string{"fan", "keepalived"} {
+	for _, system := range strings.Split(*systems, ",") {
 		results[system] = map[bench.Scenario][]bench.Cycle{}
 		for _, sc := range scenarios {
 			cs, err := measure(ctx, log, system, sc, absBin, *cycles, *advert, *fall, *verbose)
@@ -125,9 +126,15 @@ func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scen
 		return nil, err
 	}
 	defer c.Close()
-	return bench.Run(ctx, sys, c, sc, cycles, func(cy bench.Cycle) {
+	cs, err := bench.Run(ctx, sys, c, sc, cycles, func(cy bench.Cycle) {
 		if verbose {
 			fmt.Fprintf(os.Stderr, "%s %s %s->%s %v\n", system, sc, cy.From, cy.To, cy.Took.Round(time.Millisecond))
 		}
 	})
+	if err != nil && verbose {
+		if lg, ok := sys.(interface{ Logs() string }); ok {
+			fmt.Fprintln(os.Stderr, lg.Logs())
+		}
+	}
+	return cs, err
 }

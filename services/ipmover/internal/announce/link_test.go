@@ -26,7 +26,7 @@ type lan struct {
 
 // newLAN builds node A (vip0) and a client B (peer0) on one segment, with a
 // Link on A. B has an address of its own so its ARP/NDP stack is active.
-func newLAN(t *testing.T) *lan {
+func newLAN(t testing.TB) *lan {
 	t.Helper()
 	p := netnstest.NewPair(t, "fanann", "vip0", "peer0")
 	p.B.IP(t, "addr", "add", "192.0.2.2/24", "dev", "peer0")

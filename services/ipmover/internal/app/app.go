@@ -1,28 +1,39 @@
 // Package app wires the ipmover, the node executor: it reads this node's
 // commands from the bus, applies each at most once and only under a current
 // epoch and before its deadline, keeps the interface's floating addresses in
-// line with what it was told (a level-triggered reconcile loop), makes the
-// PBX answer on a claimed address, and reports every outcome with timings.
+// line with what it was told (a level-triggered reconcile loop), watches the
+// LAN for another MAC using them, makes the PBX answer on a claimed address
+// and proves it with SIP OPTIONS, and reports every outcome with timings.
 package app
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/vishvananda/netns"
 
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
+	"github.com/fanpbx/fan/services/ipmover/internal/answer"
+	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
+	"github.com/fanpbx/fan/services/ipmover/internal/conflict"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
+	"github.com/fanpbx/fan/services/ipmover/internal/gateway"
 	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
+	"github.com/fanpbx/fan/services/ipmover/internal/sysctl"
 	"github.com/fanpbx/fan/services/ipmover/internal/vip"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Service is a configured ipmover.
@@ -30,10 +41,37 @@ type Service struct {
 	cfg     Config
 	log     *slog.Logger
 	version string
+	// ns, when open, is the network namespace the interface lives in (labs
+	// and tests run several executors in one process); otherwise the
+	// process's own.
+	ns netns.NsHandle
 
-	fence *fence.Store
-	loop  *reconcile.Loop
-	pbx   *ami.Session
+	fence    *fence.Store
+	addrs    *vip.Manager
+	link     *announce.Link
+	loop     *reconcile.Loop
+	gw       *gateway.Gateway
+	answerer answer.Answerer
+	m        *metrics
+
+	pub      publisher
+	kv       conflict.ReadKey
+	listKeys func(context.Context) ([]string, error) // group status keys
+	bg       sync.WaitGroup                          // event publications in flight
+	quiet    atomic.Int32                            // >0 while a command or policy changes addresses: not corrections
+
+	// act serialises changes of what is held (commands, conflict yields,
+	// bus-loss release, re-sync); mu guards the maps.
+	act    sync.Mutex
+	mu     sync.Mutex
+	claims map[string]conflict.Claim
+	groups map[string][]netip.Prefix // every group ever seen, to its prefixes
+	queued []events.AddressCorrection
+}
+
+// publisher is what the service needs from the bus to report (*bus.Bus).
+type publisher interface {
+	Emit(ctx context.Context, p events.Payload, opts ...events.Option) (events.Envelope, error)
 }
 
 // Build loads and validates the configuration; it starts nothing.
@@ -47,232 +85,228 @@ func Build(o daemon.Options) (daemon.Service, error) {
 
 // New builds an ipmover from a validated configuration.
 func New(cfg Config, log *slog.Logger, version string) *Service {
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version}
+	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, ns: netns.None(),
+		claims: map[string]conflict.Claim{}, groups: map[string][]netip.Prefix{}}
+}
+
+// open prepares everything that touches the node, before the bus: a
+// misconfigured interface or an unreadable state file fails at start-up,
+// not at the first failover.
+func (s *Service) open() (closeAll func(), err error) {
+	var closers []func()
+	closeAll = func() {
+		for _, c := range slices.Backward(closers) {
+			c()
+		}
+	}
+	defer func() {
+		if err != nil {
+			closeAll()
+		}
+	}()
+	if s.fence, err = fence.Open(s.cfg.StateFile, fence.DefaultKeep); err != nil {
+		// A corrupt state file could re-open old epochs: refuse to start.
+		return nil, fmt.Errorf("ipmover state: %w", err)
+	}
+	if s.addrs, err = vip.New(s.cfg.Interface, s.log, vip.WithNamespace(s.ns)); err != nil {
+		return nil, fmt.Errorf("ipmover interface: %w", err)
+	}
+	closers = append(closers, s.addrs.Close)
+	if s.link, err = announce.Open(s.cfg.Interface, s.log, announce.WithNamespace(s.ns)); err != nil {
+		return nil, fmt.Errorf("ipmover announcer: %w", err)
+	}
+	closers = append(closers, func() { s.link.Close() })
+	ann, err := announce.New(s.link, s.cfg.Announce.schedule(), s.log)
+	if err != nil {
+		return nil, fmt.Errorf("ipmover announcer: %w", err)
+	}
+	gwCfg, err := s.cfg.Gateway.build()
+	if err != nil {
+		return nil, err
+	}
+	if s.gw, err = gateway.New(gwCfg, s.cfg.Interface, s.ns, s.log); err != nil {
+		return nil, err
+	}
+	closers = append(closers, s.gw.Close)
+	switch s.cfg.Answer.Mode {
+	case events.AnswerHot:
+		// Hot standby: Asterisk binds the floating address at start-up
+		// although it is absent, so claiming it is all it takes
+		// (facts/asterisk22.md, point 4). Asterisk must start after this.
+		sys := sysctl.Namespace{NS: s.ns}
+		for _, k := range []string{"net.ipv4.ip_nonlocal_bind", "net.ipv6.ip_nonlocal_bind"} {
+			if err := sys.Set(k, "1"); err != nil {
+				return nil, fmt.Errorf("answer mode hot: %w", err)
+			}
+		}
+	case events.AnswerReload:
+		pbx := ami.NewSession(ami.Config{Addr: s.cfg.AMI.Address, Username: s.cfg.AMI.Username, Secret: s.cfg.AMI.Secret}, s.log)
+		closers = append(closers, func() { pbx.Close() })
+		s.answerer.Reload = pbx
+	case events.AnswerRestart:
+		s.answerer.Restart = &answer.Systemctl{Path: s.cfg.Answer.Systemctl, Unit: s.cfg.Answer.Unit}
+	}
+	s.m = newMetrics(s.link)
+	watchCtx, stopWatch := context.WithCancel(context.Background())
+	closers = append(closers, stopWatch)
+	changed, err := s.addrs.Watch(watchCtx)
+	if err != nil {
+		return nil, fmt.Errorf("ipmover watch: %w", err)
+	}
+	s.loop = reconcile.New(s.addrs, ann, reconcile.Config{
+		Period: s.cfg.ReconcilePeriod.D(), Changed: changed, Logger: s.log, OnChange: s.onChange,
+	})
+	return closeAll, nil
 }
 
 // Run executes commands until ctx ends, then releases every address it
 // holds: a stopped ipmover must never leave an address answering.
 func (s *Service) Run(ctx context.Context) error {
-	st, err := fence.Open(s.cfg.StateFile, fence.DefaultKeep)
+	closeAll, err := s.open()
 	if err != nil {
-		// A corrupt state file could re-open old epochs: refuse to start.
-		return fmt.Errorf("ipmover state: %w", err)
+		return err
 	}
-	s.fence = st
-	addrs, err := vip.New(s.cfg.Interface, s.log)
-	if err != nil {
-		return fmt.Errorf("ipmover interface: %w", err)
-	}
-	defer addrs.Close()
-	link, err := announce.Open(s.cfg.Interface, s.log)
-	if err != nil {
-		return fmt.Errorf("ipmover announcer: %w", err)
-	}
-	defer link.Close()
-	ann, err := announce.New(link, s.cfg.Announce.schedule(), s.log)
-	if err != nil {
-		return fmt.Errorf("ipmover announcer: %w", err)
-	}
-	if s.cfg.Answer.Mode == events.AnswerReload {
-		s.pbx = ami.NewSession(ami.Config{Addr: s.cfg.AMI.Address, Username: s.cfg.AMI.Username, Secret: s.cfg.AMI.Secret}, s.log)
-		defer s.pbx.Close()
-	}
-
-	loopCtx, stopLoop := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopLoop()
-	changed, err := addrs.Watch(loopCtx)
-	if err != nil {
-		return fmt.Errorf("ipmover watch: %w", err)
-	}
-	s.loop = reconcile.New(addrs, ann, reconcile.Config{
-		Period: s.cfg.ReconcilePeriod.D(), Changed: changed, Logger: s.log,
-		OnChange: func(c reconcile.Change) {
-			s.log.Info("address reconciled", "kind", c.Kind, "prefix", c.Prefix.String(), "group", c.Group, "err", c.Err)
-		},
-	})
-
+	defer closeAll()
 	return daemon.Serve(ctx, s.cfg.Common, "ipmover", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		s.restore(ctx, rt.Bus)
-		loopDone := make(chan error, 1)
-		go func() { loopDone <- s.loop.Run(loopCtx) }()
+		for _, c := range s.m.all {
+			if err := rt.Metrics.Register(c); err != nil {
+				return fmt.Errorf("ipmover metrics: %w", err)
+			}
+		}
+		s.pub = rt.Bus
+		kv, kvErr := rt.Bus.StateKV(ctx)
+		s.kv = readKV(kv, kvErr)
+		s.listKeys = func(ctx context.Context) ([]string, error) {
+			if kvErr != nil {
+				return nil, kvErr
+			}
+			l, err := kv.ListKeysFiltered(ctx, events.AllGroupStatusKeys(s.cfg.Cluster))
+			if err != nil {
+				return nil, err
+			}
+			var keys []string
+			for k := range l.Keys() {
+				keys = append(keys, k)
+			}
+			return keys, nil
+		}
+		s.resync(ctx, "start")
 
-		err := rt.Bus.ConsumeCommands(ctx, s.cfg.Node, func(ctx context.Context, env events.Envelope, cmd events.Command) {
-			s.handle(ctx, rt.Bus, env, cmd)
+		// Background work lives until the commands stop, not until ctx
+		// ends, so nothing re-adds an address after the release below.
+		bgCtx, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+		defer stopBG()
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			if err := s.loop.Run(bgCtx); err != nil {
+				s.log.Error("reconcile loop stopped", "err", err)
+			}
+		})
+		var resolver *conflict.Resolver
+		if s.cfg.Conflict.Watch == nil || *s.cfg.Conflict.Watch {
+			resolver = conflict.NewResolver(s, conflict.Config{
+				Node: s.cfg.Node, OwnMAC: s.link.HardwareAddr().String(),
+				Confirm:     conflict.Confirmer{Cluster: s.cfg.Cluster, Node: s.cfg.Node, Read: s.kv}.Confirm,
+				Report:      s.reportConflict,
+				Timeout:     s.cfg.Conflict.ConfirmTimeout.D(),
+				MinInterval: s.cfg.Conflict.MinInterval.D(),
+				Logger:      s.log,
+			})
+			wg.Go(func() {
+				if err := s.link.WatchARP(bgCtx, func(seen announce.Seen) { resolver.Seen(bgCtx, seen) }); err != nil {
+					s.log.Error("ARP conflict watch stopped", "err", err)
+				}
+			})
+		}
+		s.m.busContact.Set(1)
+		wg.Go(func() {
+			busloss.Run(bgCtx, busloss.Config{
+				Policy: s.cfg.BusLoss.Policy, ReleaseAfter: s.cfg.BusLoss.ReleaseAfter.D(), CheckEvery: s.cfg.BusLoss.CheckEvery.D(),
+				Check: func(ctx context.Context) error {
+					err := rt.Bus.NC.FlushWithContext(ctx)
+					s.m.busContact.Set(map[bool]float64{true: 1, false: 0}[err == nil])
+					return err
+				},
+				OnRelease:  s.releaseForBusLoss,
+				OnRegained: func(time.Duration) { s.regained(bgCtx) },
+				Logger:     s.log,
+			})
 		})
 
-		// Stop order matters: commands are no longer consumed, so nothing
-		// re-adds an address; then every managed address is removed while
-		// the bus is still up to report it.
-		stopLoop()
-		<-loopDone
+		err := rt.Bus.ConsumeCommands(ctx, s.cfg.Node, s.handle)
+
+		// Stop order matters: commands are no longer consumed and the loop,
+		// watcher and monitor are stopped, so nothing re-adds an address;
+		// then every managed address is removed while the bus is still up
+		// to report it.
+		stopBG()
+		wg.Wait()
+		if resolver != nil {
+			resolver.Wait()
+		}
 		sctx, cancel := rt.ShutdownContext(ctx)
 		defer cancel()
-		if rerr := s.loop.ReleaseAll(sctx); rerr != nil {
+		if rerr := s.releaseAll(sctx); rerr != nil {
 			s.log.Error("release on stop failed", "err", rerr)
 			err = errors.Join(err, rerr)
 		} else {
 			s.log.Info("released all floating addresses on stop")
 		}
+		s.bg.Wait()
 		return err
 	})
 }
 
-// restore learns what this node should hold from the arbiter's last
-// published state, so a restarted ipmover keeps (and re-announces) an
-// address it legitimately holds and drops one it does not.
-func (s *Service) restore(ctx context.Context, b *bus.Bus) {
-	kv, err := b.StateKV(ctx)
-	if err != nil {
-		s.log.Warn("restore: no state bucket", "err", err)
-		return
+// releaseAll gives up every address and the gateway role.
+func (s *Service) releaseAll(ctx context.Context) error {
+	s.act.Lock()
+	defer s.act.Unlock()
+	s.quiet.Add(1)
+	defer s.quiet.Add(-1)
+	err := s.loop.ReleaseAll(ctx)
+	if gerr := s.gw.Undo(); gerr != nil {
+		err = errors.Join(err, gerr)
 	}
-	lister, err := kv.ListKeysFiltered(ctx, events.AllGroupStatusKeys(s.cfg.Cluster))
-	if err != nil {
-		s.log.Warn("restore: list groups", "err", err)
-		return
+	s.mu.Lock()
+	for g := range s.claims {
+		delete(s.claims, g)
+		s.m.holder.WithLabelValues(g).Set(0)
 	}
-	maxEpoch := s.fence.Snapshot().MaxEpoch
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
+	s.mu.Unlock()
+	return err
+}
+
+// readKV adapts the state bucket to conflict.ReadKey.
+func readKV(kv jetstream.KeyValue, openErr error) conflict.ReadKey {
+	return func(ctx context.Context, key string) ([]byte, error) {
+		if openErr != nil {
+			return nil, openErr
+		}
+		e, err := kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
+			return nil, nil
 		}
 		if err != nil {
-			s.log.Warn("restore: read group", "key", k, "err", err)
-			continue
+			return nil, err
 		}
-		var g events.GroupStatus
-		if err := json.Unmarshal(e.Value(), &g); err != nil {
-			s.log.Warn("restore: decode group", "key", k, "err", err)
-			continue
-		}
-		if g.Epoch < maxEpoch {
-			// Older than a command already applied here: not authoritative.
-			continue
-		}
-		hold := g.Holder == s.cfg.Node
-		if err := s.loop.SetDesired(g.Group, g.Addresses, hold); err != nil {
-			s.log.Warn("restore: desired state", "group", g.Group, "err", err)
-			continue
-		}
-		s.log.Info("restored desired state", "group", g.Group, "hold", hold, "epoch", g.Epoch)
+		return e.Value(), nil
 	}
 }
 
-// handle applies one command and always reports what happened to it.
-func (s *Service) handle(ctx context.Context, b *bus.Bus, env events.Envelope, cmd events.Command) {
-	received := time.Now()
-	steps := []events.Step{{Name: "received", At: received}}
-	step := func(name string) {
-		now := time.Now()
-		steps = append(steps, events.Step{Name: name, At: now, ElapsedMS: float64(now.Sub(received).Microseconds()) / 1000})
+// inNS runs fn on a thread inside the service's namespace (sockets opened
+// there belong to it); the thread is discarded afterwards.
+func (s *Service) inNS(fn func() error) error {
+	if !s.ns.IsOpen() {
+		return fn()
 	}
-	group := commandGroup(cmd)
-	log := s.log.With("event_id", env.ID, "type", env.Type, "epoch", env.Epoch, "group", group)
-
-	outcome, applyErr := events.OutcomeApplied, error(nil)
-	switch v := s.fence.Check(env.ID, env.Epoch, cmd.Deadline(), received); v {
-	case fence.Apply:
-		// Record before acting: at most once, even if we crash half-way.
-		if err := s.fence.Record(env.ID, env.Epoch); err != nil {
-			outcome, applyErr = events.OutcomeFailed, fmt.Errorf("persist command record: %w", err)
-			break
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		if err := netns.Set(s.ns); err != nil {
+			errc <- fmt.Errorf("enter namespace: %w", err)
+			return
 		}
-		if err := s.apply(ctx, cmd, step); err != nil {
-			outcome, applyErr = events.OutcomeFailed, err
-		}
-	case fence.StaleEpoch:
-		outcome, applyErr = v.Outcome(), fmt.Errorf("epoch %d is older than epoch %d already seen", env.Epoch, s.fence.Snapshot().MaxEpoch)
-	case fence.Expired:
-		outcome, applyErr = v.Outcome(), fmt.Errorf("deadline %s passed %v ago", cmd.Deadline().Format(time.RFC3339Nano), received.Sub(cmd.Deadline()))
-	default:
-		outcome = v.Outcome()
-	}
-	res := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: s.cfg.Node, Group: group, Outcome: outcome, Steps: steps}
-	if applyErr != nil {
-		res.Error = applyErr.Error()
-		log.Warn("command not applied", "outcome", outcome, "err", applyErr)
-	} else {
-		log.Info("command done", "outcome", outcome, "elapsed_ms", steps[len(steps)-1].ElapsedMS)
-	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := b.Emit(pctx, res, events.CausedBy(env), events.WithEpoch(env.Epoch)); err != nil {
-		log.Error("publish command result failed", "err", err)
-	}
-}
-
-func (s *Service) apply(ctx context.Context, cmd events.Command, step func(string)) error {
-	switch c := cmd.(type) {
-	case *events.ClaimIP:
-		if err := s.loop.SetDesired(c.Group, c.Addresses, true); err != nil {
-			return err
-		}
-		// The reconcile pass adds the address and sends the first
-		// gratuitous ARP before it returns: the failover critical path.
-		if err := s.loop.Reconcile(ctx); err != nil {
-			return fmt.Errorf("claim %v: %w", c.Addresses, err)
-		}
-		step("address_added_and_announced")
-		if err := s.answer(ctx, s.cfg.Answer.Mode, s.cfg.Answer.Modules); err != nil {
-			return err
-		}
-		step("pbx_answering")
-	case *events.ReleaseIP:
-		if err := s.loop.SetDesired(c.Group, c.Addresses, false); err != nil {
-			return err
-		}
-		if err := s.loop.Reconcile(ctx); err != nil {
-			return fmt.Errorf("release %v: %w", c.Addresses, err)
-		}
-		step("address_removed")
-	case *events.AnswerPBX:
-		modules := c.Modules
-		if len(modules) == 0 {
-			modules = s.cfg.Answer.Modules
-		}
-		if err := s.answer(ctx, c.Mode, modules); err != nil {
-			return err
-		}
-		step("pbx_answering")
-	default:
-		return fmt.Errorf("unsupported command %T", cmd)
-	}
-	return nil
-}
-
-// answer makes the PBX answer on the claimed address. In hot mode Asterisk
-// is already bound through ip_nonlocal_bind; in reload mode a Reload of a
-// transport that never bound creates it (facts/asterisk22.md), and a
-// Response: Error is a failure.
-func (s *Service) answer(ctx context.Context, mode events.AnswerMode, modules []string) error {
-	switch mode {
-	case events.AnswerHot:
-		return nil
-	case events.AnswerReload:
-		if s.pbx == nil {
-			return errors.New("answer reload: no ami configured on this node")
-		}
-		actx, cancel := context.WithTimeout(ctx, s.cfg.Answer.Timeout.D())
-		defer cancel()
-		for _, m := range modules {
-			if err := s.pbx.Reload(actx, m); err != nil {
-				return fmt.Errorf("answer reload %s: %w", m, err)
-			}
-		}
-		return nil
-	}
-	return fmt.Errorf("answer mode %q not supported", mode)
-}
-
-func commandGroup(cmd events.Command) string {
-	switch c := cmd.(type) {
-	case *events.ClaimIP:
-		return c.Group
-	case *events.ReleaseIP:
-		return c.Group
-	case *events.AnswerPBX:
-		return c.Group
-	}
-	return ""
+		errc <- fn()
+	}()
+	return <-errc
 }

@@ -2,12 +2,15 @@ package app
 
 import (
 	"fmt"
+	"net/netip"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
+	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
+	"github.com/fanpbx/fan/services/ipmover/internal/gateway"
 )
 
 // Config is the ipmover's configuration file.
@@ -23,15 +26,23 @@ type Config struct {
 	ReconcilePeriod config.Duration `yaml:"reconcile_period"`
 	Answer          AnswerConfig    `yaml:"answer"`
 	AMI             AMIConfig       `yaml:"ami"`
+	Verify          VerifyConfig    `yaml:"verify"`
 	Announce        AnnounceConfig  `yaml:"announce"`
+	Claim           ClaimConfig     `yaml:"claim"`
+	Conflict        ConflictConfig  `yaml:"conflict"`
+	BusLoss         BusLossConfig   `yaml:"bus_loss"`
+	Gateway         GatewayConfig   `yaml:"gateway"`
 }
 
 // AnswerConfig says how this node's PBX is made to answer on a claimed address.
 type AnswerConfig struct {
-	// Mode: hot (already bound via ip_nonlocal_bind), reload (AMI Reload of
-	// Modules) or restart.
+	// Mode: hot (ip_nonlocal_bind, already bound), reload (AMI Reload of
+	// Modules) or restart (systemctl restart Unit).
 	Mode    events.AnswerMode `yaml:"mode"`
 	Modules []string          `yaml:"modules"`
+	// Unit and Systemctl are for restart mode.
+	Unit      string `yaml:"unit"`
+	Systemctl string `yaml:"systemctl"`
 	// Timeout bounds the whole answer step.
 	Timeout config.Duration `yaml:"timeout"`
 }
@@ -43,6 +54,63 @@ type AMIConfig struct {
 	Secret   string `yaml:"secret"`
 }
 
+// VerifyConfig is the SIP OPTIONS check that ends a claim.
+type VerifyConfig struct {
+	// Enabled defaults to true: a claim is reported done only once the
+	// PBX answers on the floating address.
+	Enabled *bool `yaml:"enabled"`
+	Port    int   `yaml:"port"`
+	// Timeout bounds the whole verification; Every bounds one OPTIONS.
+	Timeout config.Duration `yaml:"timeout"`
+	Every   config.Duration `yaml:"every"`
+}
+
+// On reports whether verification is enabled.
+func (v VerifyConfig) On() bool { return v.Enabled == nil || *v.Enabled }
+
+// ClaimConfig tunes claiming.
+type ClaimConfig struct {
+	// ProbeWait is how long an ARP probe waits for another holder to
+	// answer before a claim whose previous holder is not fenced; 0 means
+	// the default, a negative value disables probing.
+	ProbeWait config.Duration `yaml:"probe_wait"`
+}
+
+// ConflictConfig tunes conflict detection while holding.
+type ConflictConfig struct {
+	// Watch defaults to true.
+	Watch          *bool           `yaml:"watch"`
+	ConfirmTimeout config.Duration `yaml:"confirm_timeout"`
+	MinInterval    config.Duration `yaml:"min_interval"`
+}
+
+// BusLossConfig is the policy while the bus is unreachable.
+type BusLossConfig struct {
+	Policy       busloss.Policy  `yaml:"policy"`
+	ReleaseAfter config.Duration `yaml:"release_after"`
+	CheckEvery   config.Duration `yaml:"check_every"`
+	// HeartbeatInterval and ArbiterSilentAfter are the prober's heartbeat
+	// period and the arbiter's silent_after: the release lease is checked
+	// against them at start.
+	HeartbeatInterval  config.Duration `yaml:"heartbeat_interval"`
+	ArbiterSilentAfter config.Duration `yaml:"arbiter_silent_after"`
+}
+
+// GatewayConfig is the optional LAN-gateway role.
+type GatewayConfig struct {
+	Sysctls map[string]string `yaml:"sysctls"`
+	Routes  []RouteConfig     `yaml:"routes"`
+}
+
+// RouteConfig is one route installed while holding.
+type RouteConfig struct {
+	To     string `yaml:"to"`
+	Via    string `yaml:"via"`
+	Dev    string `yaml:"dev"`
+	Src    string `yaml:"src"`
+	Metric int    `yaml:"metric"`
+}
+
 // AnnounceConfig is the gratuitous ARP / unsolicited NA schedule.
 type AnnounceConfig struct {
 	FirstCount     int             `yaml:"first_count"`
@@ -52,6 +120,12 @@ type AnnounceConfig struct {
 	SecondInterval config.Duration `yaml:"second_interval"`
 	Refresh        config.Duration `yaml:"refresh"`
 }
+
+// DefaultProbeWait keeps the probe before an unfenced claim short: a live
+// holder on the same LAN answers in well under a millisecond, and the wait
+// is paid in full by every unfenced claim (a failover's claim names its
+// previous holder fenced and skips it).
+const DefaultProbeWait = 100 * time.Millisecond
 
 // schedule merges the configured values over the defaults.
 func (a AnnounceConfig) schedule() announce.Config {
@@ -77,6 +151,30 @@ func (a AnnounceConfig) schedule() announce.Config {
 	return c
 }
 
+func (g GatewayConfig) build() (gateway.Config, error) {
+	out := gateway.Config{Sysctls: g.Sysctls}
+	for i, r := range g.Routes {
+		key := fmt.Sprintf("gateway.routes[%d]", i)
+		to, err := netip.ParsePrefix(r.To)
+		if err != nil {
+			return out, config.Errf(key+".to", "%v", err)
+		}
+		gr := gateway.Route{To: to, Dev: r.Dev, Metric: r.Metric}
+		if r.Via != "" {
+			if gr.Via, err = netip.ParseAddr(r.Via); err != nil {
+				return out, config.Errf(key+".via", "%v", err)
+			}
+		}
+		if r.Src != "" {
+			if gr.Src, err = netip.ParseAddr(r.Src); err != nil {
+				return out, config.Errf(key+".src", "%v", err)
+			}
+		}
+		out.Routes = append(out.Routes, gr)
+	}
+	return out, nil
+}
+
 // Validate checks the file after loading and fills defaults.
 func (c *Config) Validate() error {
 	if err := c.Common.Validate(); err != nil {
@@ -88,14 +186,30 @@ func (c *Config) Validate() error {
 	if c.StateFile == "" {
 		return config.Errf("state_file", "required (it keeps commands at most once across restarts)")
 	}
-	if c.ReconcilePeriod == 0 {
-		c.ReconcilePeriod = config.Duration(2 * time.Second)
+	def := func(d *config.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = config.Duration(v)
+		}
+	}
+	def(&c.ReconcilePeriod, 2*time.Second)
+	def(&c.Answer.Timeout, 5*time.Second)
+	def(&c.Verify.Timeout, 3*time.Second)
+	def(&c.Verify.Every, 200*time.Millisecond)
+	def(&c.Claim.ProbeWait, DefaultProbeWait)
+	def(&c.Conflict.ConfirmTimeout, time.Second)
+	def(&c.Conflict.MinInterval, time.Second)
+	def(&c.BusLoss.ReleaseAfter, busloss.DefaultReleaseAfter)
+	def(&c.BusLoss.CheckEvery, busloss.DefaultCheckEvery)
+	def(&c.BusLoss.HeartbeatInterval, busloss.DefaultHeartbeat)
+	def(&c.BusLoss.ArbiterSilentAfter, busloss.DefaultSilentAfter)
+	if c.Verify.Port == 0 {
+		c.Verify.Port = 5060
+	}
+	if c.Verify.Port < 1 || c.Verify.Port > 65535 {
+		return config.Errf("verify.port", "out of range")
 	}
 	if c.Answer.Mode == "" {
 		c.Answer.Mode = events.AnswerHot
-	}
-	if c.Answer.Timeout == 0 {
-		c.Answer.Timeout = config.Duration(5 * time.Second)
 	}
 	switch c.Answer.Mode {
 	case events.AnswerHot:
@@ -107,12 +221,29 @@ func (c *Config) Validate() error {
 			return config.Errf("ami", "answer mode reload needs ami.address, ami.username and ami.secret")
 		}
 	case events.AnswerRestart:
-		return config.Errf("answer.mode", "restart is not supported yet; use hot or reload")
+		if c.Answer.Unit == "" {
+			c.Answer.Unit = "asterisk.service"
+		}
 	default:
-		return config.Errf("answer.mode", "unknown mode %q (hot, reload)", c.Answer.Mode)
+		return config.Errf("answer.mode", "unknown mode %q (hot, reload, restart)", c.Answer.Mode)
+	}
+	switch c.BusLoss.Policy {
+	case "":
+		c.BusLoss.Policy = busloss.Hold
+	case busloss.Hold:
+	case busloss.Release:
+		if err := busloss.ValidateLease(c.BusLoss.ReleaseAfter.D(), c.BusLoss.CheckEvery.D(),
+			c.BusLoss.HeartbeatInterval.D(), c.BusLoss.ArbiterSilentAfter.D()); err != nil {
+			return &config.FieldError{Key: "bus_loss.release_after", Err: err}
+		}
+	default:
+		return config.Errf("bus_loss.policy", "unknown policy %q (hold, release)", c.BusLoss.Policy)
+	}
+	if _, err := c.Gateway.build(); err != nil {
+		return err
 	}
 	if err := c.Announce.schedule().Validate(); err != nil {
-		return &config.FieldError{Key: "announce", Err: fmt.Errorf("%w", err)}
+		return &config.FieldError{Key: "announce", Err: err}
 	}
 	return nil
 }

@@ -22,15 +22,63 @@ import (
 	"github.com/vishvananda/netns"
 )
 
-// RequireRoot skips the test unless it can create namespaces.
+// RequireRoot skips the test unless it can create namespaces; under CI
+// (CI set) a missing prerequisite fails instead, like lab/stack.SkipOrFail.
 func RequireRoot(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		t.Skip("network namespace tests need root")
+		skipOrFail(t, "network namespace tests need root")
 	}
 	if _, err := exec.LookPath("ip"); err != nil {
-		t.Skip("the ip command is not installed")
+		skipOrFail(t, "the ip command is not installed")
 	}
+}
+
+func skipOrFail(t testing.TB, why string) {
+	t.Helper()
+	if os.Getenv("CI") != "" {
+		t.Fatalf("prerequisite missing under CI: %s", why)
+	}
+	t.Skip(why)
+}
+
+// LAN is hosts on one Ethernet segment: a bridge in a namespace of its
+// own, and one namespace per host whose LANInterface is a veth into the bridge.
+type LAN struct {
+	Bridge NS
+	Hosts  map[string]NS
+	MACs   map[string]net.HardwareAddr
+	Index  map[string]int // LANInterface's ifindex in each host
+}
+
+// LANInterface is each LAN host's interface. It is a name the host's own
+// namespace does not use: Go resolves an IPv6 zone name (fe80::1%eth0) in
+// the namespace of whichever thread writes, not the socket's, so a name
+// that also exists on the host would send to the host's interface index.
+const LANInterface = "lan0"
+
+// NewLAN builds the segment. Host names must be short (they name veths).
+func NewLAN(t testing.TB, prefix string, hosts ...string) *LAN {
+	t.Helper()
+	br := NewNS(t, prefix+"br")
+	br.IP(t, "link", "add", "br0", "type", "bridge")
+	br.IP(t, "link", "set", "br0", "up")
+	l := &LAN{Bridge: br, Hosts: map[string]NS{}, MACs: map[string]net.HardwareAddr{}, Index: map[string]int{}}
+	for _, h := range hosts {
+		ns := NewNS(t, prefix+h)
+		port := "p-" + h
+		br.IP(t, "link", "add", port, "type", "veth", "peer", "name", LANInterface, "netns", ns.Name)
+		br.IP(t, "link", "set", port, "master", "br0")
+		br.IP(t, "link", "set", port, "up")
+		ns.IP(t, "link", "set", LANInterface, "up")
+		ifi := ns.Interface(t, LANInterface)
+		l.Hosts[h], l.MACs[h], l.Index[h] = ns, ifi.HardwareAddr, ifi.Index
+	}
+	for h, ns := range l.Hosts {
+		nh := ns.Netlink(t)
+		WaitUntil(t, 5*time.Second, LANInterface+" up in "+h, func() bool { return operUp(nh, LANInterface) })
+	}
+	return l
 }
 
 // NS is one test namespace.

@@ -46,7 +46,10 @@ const (
 	Added   Kind = "added"   // put on because it is desired
 	Readded Kind = "readded" // was held, vanished, put back and re-announced
 	Removed Kind = "removed" // present but not desired, taken off
-	Failed  Kind = "failed"  // an add, delete or first announcement failed; Err says which
+	// Announced: held and present, announced anew (a new claim of an
+	// address already there, or Reannounce after a conflict).
+	Announced Kind = "announced"
+	Failed    Kind = "failed" // an add, delete or first announcement failed; Err says which
 )
 
 // Change is one correction the loop made (or failed to make).
@@ -56,6 +59,9 @@ type Change struct {
 	Group  string // the group that most recently listed Prefix
 	Err    error
 	At     time.Time
+	// AnnouncedAt is when the first announcement of a new schedule had
+	// been sent (zero if none was started by this change).
+	AnnouncedAt time.Time
 }
 
 // DefaultPeriod is how often the loop re-reads the interface without a
@@ -224,14 +230,38 @@ func (l *Loop) Run(ctx context.Context) error {
 // the interface matches desired state (or with the errors met on the way,
 // which are also reported as Failed changes).
 func (l *Loop) Reconcile(ctx context.Context) error {
+	_, err := l.Apply(ctx)
+	return err
+}
+
+// Apply is Reconcile returning the changes made, so a claim can report
+// when its address went on and when its first announcement left.
+func (l *Loop) Apply(ctx context.Context) ([]Change, error) {
 	if err := ctx.Err(); err != nil {
-		return err
+		return nil, err
 	}
 	l.mu.Lock()
 	changes, err := l.pass()
 	l.mu.Unlock()
 	l.report(changes)
-	return err
+	return changes, err
+}
+
+// Reannounce makes the next pass start a fresh announcement schedule for
+// every held address of group, as after a conflict this node won: the
+// neighbours that followed the other MAC must be told again.
+func (l *Loop) Reannounce(groupName string) {
+	l.mu.Lock()
+	if g, ok := l.groups[groupName]; ok && g.hold {
+		for _, p := range g.prefixes {
+			l.fresh[p] = true
+		}
+	}
+	l.mu.Unlock()
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
 }
 
 // pass compares and corrects. Caller holds mu.
@@ -276,6 +306,8 @@ func (l *Loop) pass() ([]Change, error) {
 			delete(l.fresh, p)
 			if err := l.startAnnouncement(p); err != nil {
 				note(Failed, p, err)
+			} else {
+				changes[len(changes)-1].AnnouncedAt = time.Now()
 			}
 		case d && h:
 			l.installed[p] = true
@@ -284,6 +316,9 @@ func (l *Loop) pass() ([]Change, error) {
 				delete(l.fresh, p)
 				if err := l.startAnnouncement(p); err != nil {
 					note(Failed, p, err)
+				} else {
+					note(Announced, p, nil)
+					changes[len(changes)-1].AnnouncedAt = changes[len(changes)-1].At
 				}
 			}
 		case !d && h:

@@ -17,8 +17,10 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/services/prober/internal/check"
 	"github.com/fanpbx/fan/services/prober/internal/health"
+	"github.com/fanpbx/fan/services/prober/internal/quorum"
 	"github.com/fanpbx/fan/services/prober/internal/telemetry"
 )
 
@@ -32,6 +34,13 @@ type Service struct {
 	states map[string]events.CheckState
 	// figures are the latest numbers the PBX checks reported.
 	figures map[string]float64
+
+	// gmu orders group transitions: member transitions from concurrent
+	// check loops are folded in and published one at a time.
+	gmu    sync.Mutex
+	quorum *quorum.Tracker
+	// last is each check's latest result, the evidence a group carries.
+	last map[string]events.Evidence
 }
 
 // Build loads and validates the configuration; it starts nothing.
@@ -45,19 +54,35 @@ func Build(o daemon.Options) (daemon.Service, error) {
 
 // New builds a prober from a validated configuration.
 func New(cfg Config, log *slog.Logger, version string) *Service {
+	groups := make([]quorum.Group, len(cfg.Groups))
+	for i, g := range cfg.Groups {
+		groups[i] = quorum.Group{Name: g.Name, MinUp: g.MinUp, Members: g.Checks}
+	}
 	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version,
-		states: map[string]events.CheckState{}, figures: map[string]float64{}}
+		states: map[string]events.CheckState{}, figures: map[string]float64{},
+		quorum: quorum.New(groups), last: map[string]events.Evidence{}}
 }
 
 // Run probes until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "prober", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
 		var wg sync.WaitGroup
+		checkers := make([]check.Checker, 0, len(s.cfg.Checks))
 		for _, cc := range s.cfg.Checks {
 			c, err := s.newChecker(cc)
 			if err != nil {
+				for _, c := range checkers {
+					_ = c.Close()
+				}
 				return err
 			}
+			checkers = append(checkers, c)
+		}
+		for _, g := range s.cfg.Groups {
+			s.setStateNamed(g.Name, events.CheckState{TargetNode: g.TargetNode, Role: g.Role, Health: events.HealthUnknown, Since: time.Now()})
+		}
+		for i, cc := range s.cfg.Checks {
+			c := checkers[i]
 			s.setState(cc, events.CheckState{TargetNode: cc.TargetNode, Role: cc.Role, Health: events.HealthUnknown, Since: time.Now()})
 			wg.Add(1)
 			go func() {
@@ -79,9 +104,35 @@ func (s *Service) Run(ctx context.Context) error {
 func (s *Service) newChecker(cc CheckConfig) (check.Checker, error) {
 	switch cc.Kind {
 	case "ami":
+		// The connect is bounded by the probe timeout (a connect slower than
+		// that is a failure anyway); the login gets its own, longer deadline.
 		return check.NewAMI(ami.Config{Addr: cc.Address, Username: cc.Username, Secret: cc.Secret,
-			DialTimeout: cc.Timeout.D(), LoginTimeout: max(cc.Timeout.D(), 3*time.Second)},
+			DialTimeout: cc.Timeout.D(), LoginTimeout: cc.LoginTimeout.D()},
 			s.log.With("check", cc.Name)), nil
+	case "sip":
+		c, err := check.NewSIP(cc.Address, sipoptions.Options{Transport: sipoptions.Transport(cc.Transport), T1: cc.Retransmit.D()}, cc.codes)
+		if err != nil {
+			return nil, fmt.Errorf("check %s: %w", cc.Name, err)
+		}
+		return c, nil
+	case "tcp":
+		return check.NewTCP(cc.Address), nil
+	case "http":
+		return check.NewHTTP(cc.Address, cc.codes, cc.body, cc.InsecureSkipVerify), nil
+	case "dns":
+		c, err := check.NewDNS(cc.Address, cc.Query, cc.QueryType, cc.Recursion)
+		if err != nil {
+			return nil, fmt.Errorf("check %s: %w", cc.Name, err)
+		}
+		return c, nil
+	case "icmp":
+		c, err := check.NewICMP(cc.Address, cc.ICMPMode)
+		if err != nil {
+			return nil, fmt.Errorf("check %s: %w", cc.Name, err)
+		}
+		return c, nil
+	case "exec":
+		return check.NewExec(cc.Command), nil
 	}
 	return nil, fmt.Errorf("check %s: unknown kind %q", cc.Name, cc.Kind)
 }
@@ -110,6 +161,15 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 		if ctx.Err() != nil {
 			return
 		}
+		if r.NoVerdict {
+			log.Debug("no verdict yet", "duration", r.Duration)
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			continue
+		}
 		ev := evidence(r)
 		if r.OK {
 			s.setFigures(r.Figures)
@@ -126,8 +186,12 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 		}
 		lastOK = r.OK
 
+		s.gmu.Lock()
+		s.last[cc.Name] = ev
+		s.gmu.Unlock()
 		if trn, ok := tr.Observe(ev); ok {
-			s.publishTransition(ctx, b, log, cc, trn, r, resultID)
+			id := s.publishTransition(ctx, b, log, cc, trn, r, resultID)
+			s.publishGroups(ctx, b, cc.Name, trn.To, id)
 		}
 		select {
 		case <-ctx.Done():
@@ -137,7 +201,7 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 	}
 }
 
-func (s *Service) publishTransition(ctx context.Context, b *bus.Bus, log *slog.Logger, cc CheckConfig, trn health.Transition, r check.Result, resultID string) {
+func (s *Service) publishTransition(ctx context.Context, b *bus.Bus, log *slog.Logger, cc CheckConfig, trn health.Transition, r check.Result, resultID string) string {
 	reason := fmt.Sprintf("%d consecutive successes (rise %d)", trn.Consecutive, cc.Rise)
 	if trn.To == events.HealthDown {
 		reason = fmt.Sprintf("%d consecutive failures (fall %d): %v", trn.Consecutive, cc.Fall, r.Err)
@@ -156,6 +220,54 @@ func (s *Service) publishTransition(ctx context.Context, b *bus.Bus, log *slog.L
 	}
 	log.Info("health transition", "from", trn.From, "to", trn.To, "reason", reason, "event_id", env.ID)
 	s.setState(cc, events.CheckState{TargetNode: cc.TargetNode, Role: cc.Role, Health: trn.To, Since: r.At, SinceEvent: env.ID})
+	return env.ID
+}
+
+// publishGroups folds a member's transition into its quorum groups and
+// publishes each group that crossed its threshold. A group's evidence is
+// every member's latest result, in configured order, so the transition shows
+// which members were up and which were failing, and why.
+func (s *Service) publishGroups(ctx context.Context, b *bus.Bus, member string, to events.Health, causeID string) {
+	s.gmu.Lock()
+	defer s.gmu.Unlock()
+	for _, ch := range s.quorum.Observe(member, to) {
+		g := s.group(ch.Group)
+		ev := make([]events.Evidence, 0, len(ch.Members))
+		for _, m := range ch.Members {
+			e, ok := s.last[m.Check]
+			if !ok {
+				e = events.Evidence{At: time.Now(), Error: "no result yet", ErrorClass: events.ErrorOther}
+			}
+			// OK says whether the member counts as up, which after hysteresis
+			// may differ from its latest single result.
+			e.OK = m.Health == events.HealthUp
+			if e.Error != "" || !e.OK {
+				e.Error = fmt.Sprintf("%s is %s: %s", m.Check, m.Health, e.Error)
+			}
+			ev = append(ev, e)
+		}
+		ht := events.HealthTransition{Check: g.Name, TargetNode: g.TargetNode, Role: g.Role, From: ch.From, To: ch.To,
+			Reason: ch.Reason(), Consecutive: 1, Rise: 1, Fall: 1, Evidence: ev}
+		var opts []events.Option
+		if causeID != "" {
+			opts = append(opts, events.CausedByID(causeID, ""))
+		}
+		env, err := b.Emit(ctx, ht, opts...)
+		if err != nil {
+			s.log.Error("publish group transition failed", "group", g.Name, "to", ch.To, "err", err)
+		}
+		s.log.Info("group transition", "group", g.Name, "from", ch.From, "to", ch.To, "reason", ht.Reason, "event_id", env.ID)
+		s.setStateNamed(g.Name, events.CheckState{TargetNode: g.TargetNode, Role: g.Role, Health: ch.To, Since: time.Now(), SinceEvent: env.ID})
+	}
+}
+
+func (s *Service) group(name string) GroupConfig {
+	for _, g := range s.cfg.Groups {
+		if g.Name == name {
+			return g
+		}
+	}
+	return GroupConfig{Name: name}
 }
 
 func (s *Service) result(cc CheckConfig, c check.Checker, r check.Result, ev events.Evidence) events.ProbeResult {
@@ -175,10 +287,12 @@ func evidence(r check.Result) events.Evidence {
 	return e
 }
 
-func (s *Service) setState(cc CheckConfig, st events.CheckState) {
+func (s *Service) setState(cc CheckConfig, st events.CheckState) { s.setStateNamed(cc.Name, st) }
+
+func (s *Service) setStateNamed(name string, st events.CheckState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.states[cc.Name] = st
+	s.states[name] = st
 }
 
 func (s *Service) setFigures(f map[string]float64) {

@@ -82,17 +82,27 @@ func start(t *testing.T, secret string, interval, timeout time.Duration, rise, f
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { peer.Close() })
+	h := runProber(t, []CheckConfig{{Name: "pbx", Kind: "ami", Address: peer.Addr(), Username: "fan", Secret: secret,
+		Interval: config.Duration(interval), Timeout: config.Duration(timeout), Rise: rise, Fall: fall}}, nil)
+	h.peer = peer
+	return h
+}
+
+// runProber runs a prober with these checks and groups against an embedded
+// JetStream and watches everything it publishes.
+func runProber(t *testing.T, checks []CheckConfig, groups []GroupConfig) *harness {
+	t.Helper()
 	s := bustest.Server(t)
 	cfg := Config{
 		Common:            daemon.Common{Cluster: "lab", Node: "n1", Bus: bus.Config{URL: s.ClientURL()}},
 		HeartbeatInterval: config.Duration(100 * time.Millisecond),
-		Checks: []CheckConfig{{Name: "pbx", Kind: "ami", Address: peer.Addr(), Username: "fan", Secret: secret,
-			Interval: config.Duration(interval), Timeout: config.Duration(timeout), Rise: rise, Fall: fall}},
+		Checks:            checks,
+		Groups:            groups,
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	h := &harness{peer: peer, watcher: bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "test", Node: "w"}), got: make(chan events.Payload, 1024)}
+	h := &harness{watcher: bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "test", Node: "w"}), got: make(chan events.Payload, 4096)}
 	ctx, cancel := context.WithCancel(context.Background())
 	watched := make(chan struct{})
 	go func() {
@@ -180,14 +190,81 @@ func TestSlowButAnsweringPBXStaysUp(t *testing.T) {
 }
 
 func TestWrongPasswordIsAnAuthFailureNotATimeout(t *testing.T) {
-	// The timeout is above Asterisk's 1 s delay before "Authentication failed".
-	h := start(t, "wrong", 2*time.Second, 1500*time.Millisecond, 1, 1)
-	down, _ := h.next(t, 6*time.Second)
-	if down == nil || down.To != events.HealthDown {
-		t.Fatalf("want down, got %+v", down)
+	// The probe timeout (60 ms) is far below Asterisk's 1 s wait before
+	// "Authentication failed": the login runs apart from the probes, so the
+	// wrong password is still reported as such, never as a timeout. Every
+	// result in the evidence must say auth: none of the runs made while the
+	// login was in flight may count.
+	for _, fall := range []int{1, 3} {
+		h := start(t, "wrong", 100*time.Millisecond, 60*time.Millisecond, 1, fall)
+		down, _ := h.next(t, 6*time.Second)
+		if down == nil || down.To != events.HealthDown || len(down.Evidence) != fall {
+			t.Fatalf("fall %d: want down with %d results, got %+v", fall, fall, down)
+		}
+		for _, e := range down.Evidence {
+			if e.ErrorClass != events.ErrorAuth {
+				t.Fatalf("fall %d: error class %q (%s), want auth", fall, e.ErrorClass, e.Error)
+			}
+		}
 	}
-	if c := down.Evidence[0].ErrorClass; c != events.ErrorAuth {
-		t.Fatalf("error class %q (%s), want auth", c, down.Evidence[0].Error)
+}
+
+// goami2 has no reconnect: the check logs in again by itself after the PBX
+// drops the session (an Asterisk restart), without a down transition when
+// the new login is quick, and reports a refused port as refused.
+func TestAMIReconnectsAfterDrop(t *testing.T) {
+	h := start(t, "right", 100*time.Millisecond, 60*time.Millisecond, 1, 3)
+	if up, _ := h.next(t, 5*time.Second); up == nil || up.To != events.HealthUp {
+		t.Fatalf("first transition %+v, want up", up)
+	}
+	h.peer.DropSessions()
+	logins := func() int {
+		n := 0
+		for _, a := range h.peer.Actions() {
+			if a.Name == "Login" {
+				n++
+			}
+		}
+		return n
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for logins() < 2 {
+		if time.Now().After(deadline) {
+			t.Fatal("no second login after the session was dropped")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if tr, _ := h.next(t, 500*time.Millisecond); tr != nil {
+		t.Fatalf("a dropped session that came straight back moved the check: %+v", tr)
+	}
+	if err := h.peer.SetMode(amipeer.ModeDead); err != nil {
+		t.Fatal(err)
+	}
+	down, _ := h.next(t, 5*time.Second)
+	if down == nil || down.To != events.HealthDown || down.Evidence[len(down.Evidence)-1].ErrorClass != events.ErrorRefused {
+		t.Fatalf("dead PBX: %+v, want down ending with refused", down)
+	}
+	if err := h.peer.SetMode(amipeer.ModeNormal); err != nil {
+		t.Fatal(err)
+	}
+	if up, _ := h.next(t, 5*time.Second); up == nil || up.To != events.HealthUp {
+		t.Fatalf("after restart: %+v, want up", up)
+	}
+}
+
+// A PBX that answers every question with an error is unhealthy, not a
+// timeout: "Command output follows" alone proves nothing.
+func TestFailingPBXIsUnhealthy(t *testing.T) {
+	h := start(t, "right", 100*time.Millisecond, 60*time.Millisecond, 1, 2)
+	if up, _ := h.next(t, 5*time.Second); up == nil || up.To != events.HealthUp {
+		t.Fatalf("first transition %+v, want up", up)
+	}
+	if err := h.peer.SetMode(amipeer.ModeFailing); err != nil {
+		t.Fatal(err)
+	}
+	down, _ := h.next(t, 5*time.Second)
+	if down == nil || down.To != events.HealthDown || down.Evidence[0].ErrorClass != events.ErrorUnhealth {
+		t.Fatalf("failing PBX: %+v, want down with unhealthy results", down)
 	}
 }
 

@@ -2,11 +2,16 @@ package app
 
 import (
 	"fmt"
+	"net"
+	"net/netip"
+	"net/url"
+	"regexp"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/prober/internal/check"
 )
 
 // Config is the prober's configuration file.
@@ -19,6 +24,18 @@ type Config struct {
 	// differs from the previous one, or when this long has passed.
 	ResultsEvery config.Duration `yaml:"results_every"`
 	Checks       []CheckConfig   `yaml:"checks"`
+	// Groups are quorums over checks: each is published as a health
+	// transition of its own, with the group's name as the check.
+	Groups []GroupConfig `yaml:"groups"`
+}
+
+// GroupConfig is a quorum: up while at least MinUp of Checks are up.
+type GroupConfig struct {
+	Name       string      `yaml:"name"`
+	MinUp      int         `yaml:"min_up"`
+	Checks     []string    `yaml:"checks"`
+	Role       events.Role `yaml:"role"`
+	TargetNode string      `yaml:"target_node"`
 }
 
 // CheckConfig is one check.
@@ -41,9 +58,52 @@ type CheckConfig struct {
 	// Jitter delays each run by up to this much, so many checks started
 	// together do not fire in lockstep.
 	Jitter config.Duration `yaml:"jitter"`
+
+	// ami: LoginTimeout bounds a login, which runs apart from the probes.
+	LoginTimeout config.Duration `yaml:"login_timeout"`
+	// sip: Transport is udp or tcp; Retransmit is the first UDP
+	// retransmission interval (RFC 3261 T1, doubling).
+	Transport  string          `yaml:"transport"`
+	Retransmit config.Duration `yaml:"retransmit"`
+	// sip, http: Codes are the healthy status codes ("2xx", "401", "200-399").
+	Codes []string `yaml:"codes"`
+	// http: Body is a regular expression the body must match.
+	Body               string `yaml:"body"`
+	InsecureSkipVerify bool   `yaml:"insecure_skip_verify"`
+	// dns: Query is the name asked, QueryType its type, Recursion sets RD.
+	Query     string `yaml:"query"`
+	QueryType string `yaml:"query_type"`
+	Recursion bool   `yaml:"recursion"`
+	// icmp: ICMPMode is auto, raw or unprivileged.
+	ICMPMode string `yaml:"icmp_mode"`
+	// exec: Command is the argv run; exit status 0 is healthy.
+	Command []string `yaml:"command"`
+
+	codes check.Codes
+	body  *regexp.Regexp
 }
 
-var knownKinds = map[string]bool{"ami": true}
+var knownKinds = map[string]bool{"ami": true, "sip": true, "tcp": true, "http": true, "dns": true, "icmp": true, "exec": true}
+
+// kindKeys says which kind each kind-specific key belongs to, so a key set
+// on the wrong kind is an error rather than silently ignored.
+func (ch *CheckConfig) kindKeys() map[string]bool {
+	return map[string]bool{
+		"username":             ch.Username == "" || ch.Kind == "ami",
+		"secret":               ch.Secret == "" || ch.Kind == "ami",
+		"login_timeout":        ch.LoginTimeout == 0 || ch.Kind == "ami",
+		"transport":            ch.Transport == "" || ch.Kind == "sip",
+		"retransmit":           ch.Retransmit == 0 || ch.Kind == "sip",
+		"codes":                len(ch.Codes) == 0 || ch.Kind == "sip" || ch.Kind == "http",
+		"body":                 ch.Body == "" || ch.Kind == "http",
+		"insecure_skip_verify": !ch.InsecureSkipVerify || ch.Kind == "http",
+		"query":                ch.Query == "" || ch.Kind == "dns",
+		"query_type":           ch.QueryType == "" || ch.Kind == "dns",
+		"recursion":            !ch.Recursion || ch.Kind == "dns",
+		"icmp_mode":            ch.ICMPMode == "" || ch.Kind == "icmp",
+		"command":              len(ch.Command) == 0 || ch.Kind == "exec",
+	}
+}
 
 // Validate checks the file after loading and fills defaults.
 func (c *Config) Validate() error {
@@ -91,11 +151,13 @@ func (c *Config) Validate() error {
 		if err := events.ValidToken("target_node", ch.TargetNode); err != nil {
 			return &config.FieldError{Key: key("target_node"), Err: err}
 		}
-		if ch.Address == "" {
-			return config.Errf(key("address"), "required")
+		for k, ok := range ch.kindKeys() {
+			if !ok {
+				return config.Errf(key(k), "does not apply to kind %s", ch.Kind)
+			}
 		}
-		if ch.Kind == "ami" && (ch.Username == "" || ch.Secret == "") {
-			return config.Errf(key("username"), "ami checks need username and secret")
+		if err := ch.validateKind(key); err != nil {
+			return err
 		}
 		if ch.Interval <= 0 {
 			return config.Errf(key("interval"), "required and positive")
@@ -111,6 +173,172 @@ func (c *Config) Validate() error {
 		}
 		if ch.Jitter < 0 || ch.Jitter >= ch.Interval-ch.Timeout {
 			return config.Errf(key("jitter"), "must be below interval - timeout (%v)", ch.Interval-ch.Timeout)
+		}
+		if ch.Kind == "sip" && ch.Retransmit == 0 {
+			// RFC 3261's 500 ms T1 would never fire inside a 150 ms probe:
+			// retransmit at least twice within the timeout.
+			ch.Retransmit = config.Duration(min(500*time.Millisecond, ch.Timeout.D()/3))
+		}
+	}
+	return c.validateGroups(seen)
+}
+
+func (c *Config) validateGroups(checks map[string]bool) error {
+	for i := range c.Groups {
+		g := &c.Groups[i]
+		key := func(k string) string { return fmt.Sprintf("groups[%d].%s", i, k) }
+		if err := events.ValidToken("name", g.Name); err != nil {
+			return &config.FieldError{Key: key("name"), Err: err}
+		}
+		if checks[g.Name] {
+			return config.Errf(key("name"), "%q is already the name of a check or group", g.Name)
+		}
+		checks[g.Name] = true
+		if len(g.Checks) == 0 {
+			return config.Errf(key("checks"), "a group needs at least one check")
+		}
+		inGroup := map[string]bool{}
+		for j, m := range g.Checks {
+			if !c.hasCheck(m) {
+				return config.Errf(fmt.Sprintf("groups[%d].checks[%d]", i, j), "no check named %q", m)
+			}
+			if inGroup[m] {
+				return config.Errf(fmt.Sprintf("groups[%d].checks[%d]", i, j), "%q listed twice", m)
+			}
+			inGroup[m] = true
+		}
+		if g.MinUp < 1 || g.MinUp > len(g.Checks) {
+			return config.Errf(key("min_up"), "must be between 1 and the number of checks (%d), got %d", len(g.Checks), g.MinUp)
+		}
+		if g.Role == "" {
+			g.Role = events.RoleSelf
+		}
+		switch g.Role {
+		case events.RoleSelf:
+			if g.TargetNode == "" {
+				g.TargetNode = c.Node
+			}
+		case events.RolePeer, events.RoleVIP:
+			if g.TargetNode == "" {
+				return config.Errf(key("target_node"), "required for role %s", g.Role)
+			}
+		default:
+			return config.Errf(key("role"), "unknown role %q (self, peer or vip)", g.Role)
+		}
+		if err := events.ValidToken("target_node", g.TargetNode); err != nil {
+			return &config.FieldError{Key: key("target_node"), Err: err}
+		}
+	}
+	return nil
+}
+
+func (c *Config) hasCheck(name string) bool {
+	for _, ch := range c.Checks {
+		if ch.Name == name {
+			return true
+		}
+	}
+	return false
+}
+
+// validateKind checks the keys each kind needs and fills their defaults.
+func (ch *CheckConfig) validateKind(key func(string) string) error {
+	hostPort := func() error {
+		if ch.Address == "" {
+			return config.Errf(key("address"), "required (host:port)")
+		}
+		if _, _, err := net.SplitHostPort(ch.Address); err != nil {
+			return config.Errf(key("address"), "want host:port: %v", err)
+		}
+		return nil
+	}
+	codes := func(def []string) error {
+		if len(ch.Codes) == 0 {
+			ch.Codes = def
+		}
+		cs, err := check.ParseCodes(ch.Codes)
+		if err != nil {
+			return &config.FieldError{Key: key("codes"), Err: err}
+		}
+		ch.codes = cs
+		return nil
+	}
+	switch ch.Kind {
+	case "ami":
+		if err := hostPort(); err != nil {
+			return err
+		}
+		if ch.Username == "" || ch.Secret == "" {
+			return config.Errf(key("username"), "ami checks need username and secret")
+		}
+		if ch.LoginTimeout == 0 {
+			ch.LoginTimeout = config.Duration(3 * time.Second)
+		}
+		// Asterisk answers a wrong secret after sleeping 1 s: a shorter
+		// login deadline reports every wrong password as a timeout.
+		if ch.LoginTimeout.D() <= 1500*time.Millisecond {
+			return config.Errf(key("login_timeout"), "must be above 1.5s (Asterisk waits 1 s before refusing a login), got %v", ch.LoginTimeout)
+		}
+	case "sip":
+		if _, err := netip.ParseAddrPort(ch.Address); err != nil {
+			return config.Errf(key("address"), "want ip:port: %v", err)
+		}
+		switch ch.Transport {
+		case "":
+			ch.Transport = "udp"
+		case "udp", "tcp":
+		default:
+			return config.Errf(key("transport"), "want udp or tcp, got %q", ch.Transport)
+		}
+		if ch.Retransmit < 0 {
+			return config.Errf(key("retransmit"), "must be positive")
+		}
+		return codes(check.DefaultSIPCodes)
+	case "tcp":
+		return hostPort()
+	case "http":
+		u, err := url.Parse(ch.Address)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return config.Errf(key("address"), "want an http:// or https:// URL, got %q", ch.Address)
+		}
+		if ch.Body != "" {
+			re, err := regexp.Compile(ch.Body)
+			if err != nil {
+				return &config.FieldError{Key: key("body"), Err: err}
+			}
+			ch.body = re
+		}
+		return codes([]string{"2xx"})
+	case "dns":
+		if err := hostPort(); err != nil {
+			return err
+		}
+		if ch.Query == "" {
+			return config.Errf(key("query"), "required (the name to ask, e.g. the zone for its SOA)")
+		}
+		if ch.QueryType == "" {
+			ch.QueryType = "SOA"
+		}
+		if _, ok := check.DNSTypes[ch.QueryType]; !ok {
+			return config.Errf(key("query_type"), "unknown type %q", ch.QueryType)
+		}
+	case "icmp":
+		if _, err := netip.ParseAddr(ch.Address); err != nil {
+			return config.Errf(key("address"), "want an IP address: %v", err)
+		}
+		switch ch.ICMPMode {
+		case "":
+			ch.ICMPMode = check.ICMPAuto
+		case check.ICMPAuto, check.ICMPRaw, check.ICMPUnprivileged:
+		default:
+			return config.Errf(key("icmp_mode"), "want auto, raw or unprivileged, got %q", ch.ICMPMode)
+		}
+	case "exec":
+		if len(ch.Command) == 0 || ch.Command[0] == "" {
+			return config.Errf(key("command"), "required (the argv to run)")
+		}
+		if ch.Address != "" {
+			return config.Errf(key("address"), "does not apply to kind exec (the command is the target)")
 		}
 	}
 	return nil

@@ -1,0 +1,557 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/sipoptions"
+	"github.com/fanpbx/fan/services/ipmover/internal/answer"
+	"github.com/fanpbx/fan/services/ipmover/internal/conflict"
+	"github.com/fanpbx/fan/services/ipmover/internal/fence"
+	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
+)
+
+// Step names of a claim, in order. They are the result event's step names
+// and the metric's step label.
+const (
+	StepReceived      = "received"
+	StepProbed        = "probed"
+	StepAddressAdded  = "address_added"
+	StepAnnounced     = "first_announcement_sent"
+	StepGateway       = "gateway_applied"
+	StepPBXAnswering  = "pbx_answering"
+	StepPBXVerified   = "pbx_verified"
+	StepAddressRemove = "address_removed"
+)
+
+// ErrHeldElsewhere refuses a claim whose address another MAC answers for
+// while the previous holder is not known to be fenced.
+var ErrHeldElsewhere = errors.New("address answered by another host")
+
+type timeline struct {
+	received time.Time
+	steps    []events.Step
+	m        *metrics
+}
+
+func (t *timeline) at(name string, at time.Time) {
+	el := at.Sub(t.received)
+	t.steps = append(t.steps, events.Step{Name: name, At: at, ElapsedMS: float64(el.Microseconds()) / 1000})
+	t.m.steps.WithLabelValues(name).Observe(el.Seconds())
+}
+
+// handle applies one command and always reports what happened to it.
+func (s *Service) handle(ctx context.Context, env events.Envelope, cmd events.Command) {
+	received := time.Now()
+	tl := &timeline{received: received, m: s.m}
+	tl.steps = []events.Step{{Name: StepReceived, At: received}}
+	group := commandGroup(cmd)
+	log := s.log.With("event_id", env.ID, "type", env.Type, "epoch", env.Epoch, "group", group)
+
+	outcome, applyErr := events.OutcomeApplied, error(nil)
+	switch v := s.fence.Check(env.ID, env.Epoch, cmd.Deadline(), received); v {
+	case fence.Apply:
+		// Record before acting: at most once, even if we crash half-way.
+		if err := s.fence.Record(env.ID, env.Epoch); err != nil {
+			outcome, applyErr = events.OutcomeFailed, fmt.Errorf("persist command record: %w", err)
+			break
+		}
+		if err := s.apply(ctx, env, cmd, tl); err != nil {
+			outcome, applyErr = events.OutcomeFailed, err
+		}
+	case fence.StaleEpoch:
+		outcome, applyErr = v.Outcome(), fmt.Errorf("epoch %d is older than epoch %d already seen", env.Epoch, s.fence.Snapshot().MaxEpoch)
+	case fence.Expired:
+		outcome, applyErr = v.Outcome(), fmt.Errorf("deadline %s passed %v ago", cmd.Deadline().Format(time.RFC3339Nano), received.Sub(cmd.Deadline()))
+	default:
+		outcome = v.Outcome()
+	}
+	s.m.commands.WithLabelValues(string(env.Type), string(outcome)).Inc()
+	res := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: s.cfg.Node, Group: group, Outcome: outcome, Steps: tl.steps}
+	if applyErr != nil {
+		res.Error = applyErr.Error()
+		log.Warn("command not applied", "outcome", outcome, "err", applyErr)
+	} else {
+		log.Info("command done", "outcome", outcome, "elapsed_ms", tl.steps[len(tl.steps)-1].ElapsedMS)
+	}
+	if s.pub == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := s.pub.Emit(pctx, res, events.CausedBy(env), events.WithEpoch(env.Epoch)); err != nil {
+		log.Error("publish command result failed", "err", err)
+	}
+}
+
+func parsePrefixes(addrs []string) ([]netip.Prefix, error) {
+	out := make([]netip.Prefix, 0, len(addrs))
+	for _, a := range addrs {
+		p, err := netip.ParsePrefix(a)
+		if err != nil {
+			return nil, fmt.Errorf("address %q: %w", a, err)
+		}
+		out = append(out, p)
+	}
+	return out, nil
+}
+
+func (s *Service) apply(ctx context.Context, env events.Envelope, cmd events.Command, tl *timeline) error {
+	switch c := cmd.(type) {
+	case *events.ClaimIP:
+		return s.claim(ctx, env, c, tl)
+	case *events.ReleaseIP:
+		prefixes, err := parsePrefixes(c.Addresses)
+		if err != nil {
+			return err
+		}
+		if err := s.release(ctx, c.Group, prefixes); err != nil {
+			return fmt.Errorf("release %v: %w", c.Addresses, err)
+		}
+		tl.at(StepAddressRemove, time.Now())
+	case *events.AnswerPBX:
+		modules := c.Modules
+		if len(modules) == 0 {
+			modules = s.cfg.Answer.Modules
+		}
+		return s.answer(ctx, c.Group, c.Mode, modules, tl)
+	default:
+		return fmt.Errorf("unsupported command %T", cmd)
+	}
+	return nil
+}
+
+// claim is the failover critical path: probe only if the previous holder
+// is not fenced, add the address and send the first announcement in one
+// reconcile pass, then make the PBX answer and prove it. Nothing after the
+// first announcement delays it.
+func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.ClaimIP, tl *timeline) error {
+	prefixes, err := parsePrefixes(c.Addresses)
+	if err != nil {
+		return err
+	}
+	if wait := s.cfg.Claim.ProbeWait.D(); wait > 0 && !c.PreviousHolderFenced {
+		ip, mac, err := s.probe(ctx, prefixes, wait)
+		tl.at(StepProbed, time.Now())
+		if err != nil {
+			return fmt.Errorf("claim: ARP probe: %w", err)
+		}
+		if mac != nil {
+			prev := c.PreviousHolder
+			if prev == "" {
+				prev = "none named"
+			}
+			s.reportConflict(events.AddressConflict{
+				Group: c.Group, Node: s.cfg.Node, Address: ip.String(), OwnMAC: s.link.HardwareAddr().String(), OtherMAC: mac.String(),
+				Action: events.ConflictRefused, Epoch: env.Epoch, DetectedAt: time.Now(),
+				Reason: fmt.Sprintf("ARP probe answered by %s; previous holder (%s) not fenced", mac, prev),
+			})
+			return fmt.Errorf("claim refused: %s %w (%s) and the previous holder is not fenced", ip, ErrHeldElsewhere, mac)
+		}
+	}
+
+	s.act.Lock()
+	s.quiet.Add(1)
+	s.setClaim(c.Group, prefixes, conflict.Claim{Group: c.Group, Epoch: env.Epoch, CommandID: env.ID})
+	err = s.loop.SetDesired(c.Group, c.Addresses, true)
+	var changes []reconcile.Change
+	if err == nil {
+		changes, err = s.loop.Apply(ctx)
+	}
+	s.quiet.Add(-1)
+	s.act.Unlock()
+	added, announced := time.Time{}, time.Time{}
+	for _, ch := range changes {
+		if !slices.Contains(prefixes, ch.Prefix) {
+			continue
+		}
+		if (ch.Kind == reconcile.Added || ch.Kind == reconcile.Readded) && (added.IsZero() || ch.At.Before(added)) {
+			added = ch.At
+		}
+		if !ch.AnnouncedAt.IsZero() && (announced.IsZero() || ch.AnnouncedAt.Before(announced)) {
+			announced = ch.AnnouncedAt
+		}
+	}
+	if added.IsZero() && err == nil {
+		added = time.Now() // already present: ensured, not added
+	}
+	if !added.IsZero() {
+		tl.at(StepAddressAdded, added)
+	}
+	if !announced.IsZero() {
+		tl.at(StepAnnounced, announced)
+	}
+	if err != nil {
+		// Still desired: the loop keeps trying, and the arbiter, seeing the
+		// failure, releases this node and tries the next.
+		return fmt.Errorf("claim %v: %w", c.Addresses, err)
+	}
+	if s.gw.Configured() && !s.gw.Applied() {
+		if err := s.gw.Apply(); err != nil {
+			return fmt.Errorf("claim: gateway role: %w", err)
+		}
+		tl.at(StepGateway, time.Now())
+	}
+	return s.answer(ctx, c.Group, s.cfg.Answer.Mode, s.cfg.Answer.Modules, tl)
+}
+
+// answer makes the PBX answer, then proves it with SIP OPTIONS to the
+// group's first address (IPv4 preferred) from this node.
+func (s *Service) answer(ctx context.Context, group string, mode events.AnswerMode, modules []string, tl *timeline) error {
+	actx, cancel := context.WithTimeout(ctx, s.cfg.Answer.Timeout.D())
+	err := s.answerer.Answer(actx, mode, modules)
+	cancel()
+	if err != nil {
+		return err
+	}
+	tl.at(StepPBXAnswering, time.Now())
+	if !s.cfg.Verify.On() {
+		return nil
+	}
+	target, ok := s.verifyTarget(group)
+	if !ok {
+		return fmt.Errorf("verify: group %s is not held here", group)
+	}
+	var p *sipoptions.Pinger
+	if err := s.inNS(func() error {
+		var err error
+		p, err = sipoptions.NewPinger(target.String())
+		return err
+	}); err != nil {
+		return fmt.Errorf("verify: %w", err)
+	}
+	defer p.Close()
+	vctx, cancel := context.WithTimeout(ctx, s.cfg.Verify.Timeout.D())
+	defer cancel()
+	r, n, err := answer.Verify(vctx, p, s.cfg.Verify.Every.D())
+	if err != nil {
+		return fmt.Errorf("verify SIP on %s: %w", target, err)
+	}
+	tl.at(StepPBXVerified, time.Now())
+	s.log.Info("PBX answers on the floating address", "target", target.String(), "status", r.Status, "attempts", n, "rtt", r.RTT)
+	return nil
+}
+
+func (s *Service) verifyTarget(group string) (netip.AddrPort, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.claims[group]; !ok {
+		return netip.AddrPort{}, false
+	}
+	ps := s.groups[group]
+	for _, p := range ps {
+		if p.Addr().Is4() {
+			return netip.AddrPortFrom(p.Addr(), uint16(s.cfg.Verify.Port)), true
+		}
+	}
+	if len(ps) == 0 {
+		return netip.AddrPort{}, false
+	}
+	return netip.AddrPortFrom(ps[0].Addr(), uint16(s.cfg.Verify.Port)), true
+}
+
+// probe asks, for every IPv4 address at once, whether another host answers
+// for it. IPv6 addresses are not probed (see README).
+func (s *Service) probe(ctx context.Context, prefixes []netip.Prefix, wait time.Duration) (netip.Addr, net.HardwareAddr, error) {
+	type found struct {
+		ip  netip.Addr
+		mac net.HardwareAddr
+		err error
+	}
+	var (
+		wg  sync.WaitGroup
+		out = make(chan found, len(prefixes))
+	)
+	for _, p := range prefixes {
+		if !p.Addr().Is4() {
+			continue
+		}
+		wg.Go(func() {
+			mac, ok, err := s.link.Probe(ctx, p.Addr(), wait)
+			if err != nil || ok {
+				out <- found{p.Addr(), mac, err}
+			}
+		})
+	}
+	wg.Wait()
+	close(out)
+	for f := range out {
+		return f.ip, f.mac, f.err
+	}
+	return netip.Addr{}, nil, nil
+}
+
+// release stops holding group. Caller must not hold act.
+func (s *Service) release(ctx context.Context, group string, prefixes []netip.Prefix) error {
+	s.act.Lock()
+	defer s.act.Unlock()
+	s.quiet.Add(1)
+	defer s.quiet.Add(-1)
+	s.mu.Lock()
+	if len(prefixes) == 0 {
+		prefixes = s.groups[group]
+	} else {
+		s.groups[group] = prefixes
+	}
+	s.mu.Unlock()
+	strs := make([]string, len(prefixes))
+	for i, p := range prefixes {
+		strs[i] = p.String()
+	}
+	if err := s.loop.SetDesired(group, strs, false); err != nil {
+		return err
+	}
+	_, err := s.loop.Apply(ctx)
+	if s.dropClaim(group) {
+		if gerr := s.gw.Undo(); gerr != nil {
+			err = errors.Join(err, fmt.Errorf("gateway role: %w", gerr))
+		}
+	}
+	return err
+}
+
+func (s *Service) setClaim(group string, prefixes []netip.Prefix, c conflict.Claim) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.groups[group] = prefixes
+	s.claims[group] = c
+	s.m.holder.WithLabelValues(group).Set(1)
+}
+
+// dropClaim forgets group's claim and reports whether none is left.
+func (s *Service) dropClaim(group string) (none bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.claims, group)
+	s.m.holder.WithLabelValues(group).Set(0)
+	return len(s.claims) == 0
+}
+
+// Holding implements conflict.Holdings.
+func (s *Service) Holding(ip netip.Addr) (conflict.Claim, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for g, c := range s.claims {
+		for _, p := range s.groups[g] {
+			if p.Addr() == ip {
+				return c, true
+			}
+		}
+	}
+	return conflict.Claim{}, false
+}
+
+// Yield implements conflict.Holdings.
+func (s *Service) Yield(ctx context.Context, group string) error {
+	return s.release(ctx, group, nil)
+}
+
+// Reassert implements conflict.Holdings.
+func (s *Service) Reassert(ctx context.Context, group string) error {
+	s.act.Lock()
+	defer s.act.Unlock()
+	s.loop.Reannounce(group)
+	_, err := s.loop.Apply(ctx)
+	return err
+}
+
+// onChange reports what the reconcile loop did on its own. Changes made
+// for a command are that command's result, not corrections.
+func (s *Service) onChange(c reconcile.Change) {
+	var kind events.CorrectionKind
+	switch {
+	case c.Kind == reconcile.Readded:
+		kind = events.CorrectionReadded
+		// Routes through a vanished source address went with it.
+		if s.gw.Applied() {
+			if err := s.gw.Apply(); err != nil {
+				s.log.Warn("gateway role after re-add", "err", err)
+			}
+		}
+	case s.quiet.Load() > 0:
+		return
+	case c.Kind == reconcile.Removed:
+		kind = events.CorrectionRemoved
+	case c.Kind == reconcile.Failed:
+		kind = events.CorrectionFailed
+	default:
+		return
+	}
+	ev := events.AddressCorrection{Group: c.Group, Node: s.cfg.Node, Address: c.Prefix.String(), Kind: kind, At: c.At}
+	if c.Group == "" {
+		ev.Group = "unknown"
+	}
+	if c.Err != nil {
+		ev.Error = c.Err.Error()
+	}
+	switch kind {
+	case events.CorrectionReadded:
+		ev.Reason = "held address vanished from " + s.cfg.Interface
+	case events.CorrectionRemoved:
+		ev.Reason = "address present without the right to hold it"
+	}
+	s.m.corrections.WithLabelValues(string(kind)).Inc()
+	s.emitAsync(ev)
+}
+
+func (s *Service) reportConflict(ev events.AddressConflict) {
+	s.m.conflicts.WithLabelValues(string(ev.Action)).Inc()
+	s.emitAsync(ev)
+}
+
+// emitAsync publishes off the caller's path (the reconcile pass, the ARP
+// reader). Without a bus it only logs.
+func (s *Service) emitAsync(p events.Payload) {
+	if s.pub == nil {
+		return
+	}
+	s.bg.Add(1)
+	go func() {
+		defer s.bg.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if _, err := s.pub.Emit(ctx, p); err != nil {
+			s.log.Warn("publish failed", "type", p.EventType(), "err", err)
+		}
+	}()
+}
+
+// releaseForBusLoss is the release policy's action: every held group is
+// given up before the arbiter can have told another node to take it. The
+// corrections are queued and published when the bus is back.
+func (s *Service) releaseForBusLoss(lostFor time.Duration) {
+	s.mu.Lock()
+	held := make([]string, 0, len(s.claims))
+	for g := range s.claims {
+		held = append(held, g)
+	}
+	s.mu.Unlock()
+	for _, g := range held {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		err := s.release(ctx, g, nil)
+		cancel()
+		s.mu.Lock()
+		for _, p := range s.groups[g] {
+			ev := events.AddressCorrection{Group: g, Node: s.cfg.Node, Address: p.String(), Kind: events.CorrectionReleased,
+				Reason: "bus unreachable for " + lostFor.Round(time.Millisecond).String() + " (policy release)", At: time.Now()}
+			if err != nil {
+				ev.Kind, ev.Error = events.CorrectionFailed, err.Error()
+			}
+			s.queued = append(s.queued, ev)
+		}
+		s.mu.Unlock()
+		s.m.corrections.WithLabelValues(string(events.CorrectionReleased)).Inc()
+	}
+}
+
+// regained publishes what happened while cut off and re-reads desired
+// state: the arbiter may have moved the address meanwhile (then a still
+// held address must go) or kept it here (then a released one comes back).
+func (s *Service) regained(ctx context.Context) {
+	s.mu.Lock()
+	q := s.queued
+	s.queued = nil
+	s.mu.Unlock()
+	for _, ev := range q {
+		s.emitAsync(ev)
+	}
+	s.resync(ctx, "bus regained")
+}
+
+// resync aligns what is held with the arbiter's state. A group held here
+// is kept only if its claim is still confirmed; a group the arbiter names
+// this node holder of is taken (a restart or a bus-loss release of an
+// address that never moved); every other group listed is not held, so an
+// address left behind by a killed predecessor is removed.
+func (s *Service) resync(ctx context.Context, why string) {
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	statuses, err := s.groupStatuses(rctx)
+	if err != nil {
+		s.log.Warn("resync: cannot read group status", "why", why, "err", err)
+		return
+	}
+	confirm := conflict.Confirmer{Cluster: s.cfg.Cluster, Node: s.cfg.Node, Read: s.kv}
+	maxEpoch := s.fence.Snapshot().MaxEpoch
+	for _, g := range statuses {
+		prefixes, err := parsePrefixes(g.Addresses)
+		if err != nil {
+			s.log.Warn("resync: bad addresses", "group", g.Group, "err", err)
+			continue
+		}
+		s.mu.Lock()
+		mine, held := s.claims[g.Group]
+		s.mu.Unlock()
+		hold := g.Holder == s.cfg.Node && g.Epoch >= maxEpoch
+		if held {
+			v := confirm.Confirm(rctx, mine)
+			hold = v.Confirmed
+		}
+		if !hold {
+			if err := s.release(rctx, g.Group, prefixes); err != nil {
+				s.log.Warn("resync: release", "group", g.Group, "err", err)
+			}
+			continue
+		}
+		s.act.Lock()
+		if !held {
+			s.setClaim(g.Group, prefixes, conflict.Claim{Group: g.Group, Epoch: g.Epoch})
+		}
+		err = s.loop.SetDesired(g.Group, g.Addresses, true)
+		if err == nil {
+			_, err = s.loop.Apply(rctx)
+		}
+		if err == nil {
+			err = s.gw.Apply()
+		}
+		s.act.Unlock()
+		s.log.Info("resynced desired state", "why", why, "group", g.Group, "hold", true, "epoch", g.Epoch, "err", err)
+	}
+}
+
+func (s *Service) groupStatuses(ctx context.Context) ([]events.GroupStatus, error) {
+	if s.kv == nil || s.listKeys == nil {
+		return nil, errors.New("no state bucket")
+	}
+	var out []events.GroupStatus
+	keys, err := s.listKeys(ctx)
+	if err != nil {
+		return nil, err
+	}
+	for _, k := range keys {
+		b, err := s.kv(ctx, k)
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", k, err)
+		}
+		if b == nil {
+			continue
+		}
+		var g events.GroupStatus
+		if err := json.Unmarshal(b, &g); err != nil {
+			s.log.Warn("resync: decode group status", "key", k, "err", err)
+			continue
+		}
+		out = append(out, g)
+	}
+	return out, nil
+}
+
+func commandGroup(cmd events.Command) string {
+	switch c := cmd.(type) {
+	case *events.ClaimIP:
+		return c.Group
+	case *events.ReleaseIP:
+		return c.Group
+	case *events.AnswerPBX:
+		return c.Group
+	}
+	return ""
+}

@@ -1,0 +1,83 @@
+package check
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"io"
+	"net/http"
+	"regexp"
+	"time"
+)
+
+// maxBody bounds how much of a response body a body match reads.
+const maxBody = 1 << 20
+
+// HTTP fetches a URL (seed 001's wget): healthy when the status is in codes
+// and, if a pattern is given, the body matches it.
+type HTTP struct {
+	url    string
+	codes  Codes
+	body   *regexp.Regexp
+	client *http.Client
+}
+
+// NewHTTP makes the check. insecure skips TLS verification, for a node's own
+// self-signed certificate reached by address.
+func NewHTTP(url string, codes Codes, body *regexp.Regexp, insecure bool) *HTTP {
+	tr := &http.Transport{
+		// One probe at a time per check: keep its connection, close the rest.
+		MaxIdleConnsPerHost: 1,
+		IdleConnTimeout:     30 * time.Second,
+		TLSClientConfig:     &tls.Config{InsecureSkipVerify: insecure}, //nolint:gosec // operator's explicit choice
+	}
+	return &HTTP{url: url, codes: codes, body: body, client: &http.Client{Transport: tr}}
+}
+
+func (h *HTTP) Kind() string   { return "http" }
+func (h *HTTP) Target() string { return h.url }
+
+func (h *HTTP) Run(ctx context.Context) Result {
+	start := time.Now()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.url, nil)
+	if err != nil {
+		return finish(start, fmt.Errorf("http: %w", err))
+	}
+	req.Header.Set("User-Agent", "fan-prober")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return finish(start, fmt.Errorf("http GET %s: %w", h.url, err))
+	}
+	defer resp.Body.Close()
+	fig := map[string]float64{"http_status": float64(resp.StatusCode)}
+	if !h.codes.Has(resp.StatusCode) {
+		// Drain a little so the connection can be reused.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		r := finish(start, fmt.Errorf("http GET %s: status %d: %w", h.url, resp.StatusCode, ErrUnhealthy))
+		r.Figures = fig
+		return r
+	}
+	if h.body != nil {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
+		if err != nil {
+			r := finish(start, fmt.Errorf("http GET %s: read body: %w", h.url, err))
+			r.Figures = fig
+			return r
+		}
+		if !h.body.Match(b) {
+			r := finish(start, fmt.Errorf("http GET %s: body does not match %q: %w", h.url, h.body, ErrUnhealthy))
+			r.Figures = fig
+			return r
+		}
+	} else {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxBody))
+	}
+	r := finish(start, nil)
+	r.Figures = fig
+	return r
+}
+
+func (h *HTTP) Close() error {
+	h.client.CloseIdleConnections()
+	return nil
+}

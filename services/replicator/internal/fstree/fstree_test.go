@@ -1,0 +1,298 @@
+package fstree
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// memStore is the content store of these tests: the scan's hashes name
+// the source files' bytes.
+type memStore map[string][]byte
+
+func (m memStore) fetch(_ context.Context, h string) (io.ReadCloser, error) {
+	b, ok := m[h]
+	if !ok {
+		return nil, fmt.Errorf("%s: %w", h, ErrMissingContent)
+	}
+	return io.NopCloser(bytes.NewReader(b)), nil
+}
+
+func scanInto(t *testing.T, root string, ex *Excluder, m memStore) []Entry {
+	t.Helper()
+	r, err := (&Scanner{Root: root, Exclude: ex}).Scan(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range r.Entries {
+		if e.Kind == KindFile {
+			b, err := os.ReadFile(filepath.Join(root, e.Path))
+			if err != nil {
+				t.Fatal(err)
+			}
+			m[e.Hash] = b
+		}
+	}
+	return r.Entries
+}
+
+func put(t *testing.T, root, rel, data string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func opts(m memStore) ApplyOptions {
+	ex, _ := NewExcluder(nil)
+	return ApplyOptions{Exclude: ex, Fetch: m.fetch, MaxDeleteShare: 0.1, AllowDeletes: 2, Owner: os.Geteuid() == 0, Now: time.Now()}
+}
+
+func TestExcluder(t *testing.T) {
+	x, err := NewExcluder([]string{"tmp/", "/manager.conf", "default/*/Work", "*.swp"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		path  string
+		dir   bool
+		wants bool
+	}{
+		{"default/1000/tmp", true, true},
+		{"default/1000/tmp", false, false}, // a file named tmp is not the tmp/ dir
+		{"default/1000/tmp/x.wav", false, true},
+		{"manager.conf", false, true},
+		{"sub/manager.conf", false, false}, // anchored at the root
+		{"default/1000/Work", true, true},
+		{"default/1000/INBOX/.lock-77", false, true},
+		{"default/1000/INBOX/.lock", false, true},
+		{"default/1000/INBOX/msg0000.txt", false, false},
+		{"a/b.swp", false, true},
+		{"a/" + TempPrefix + "x-1", false, true},
+	}
+	for _, c := range cases {
+		if got := x.ExcludedAnywhere(c.path, c.dir); got != c.wants {
+			t.Errorf("%s (dir %v): excluded %v, want %v", c.path, c.dir, got, c.wants)
+		}
+	}
+	if _, err := NewExcluder([]string{"[x"}); err == nil {
+		t.Error("bad pattern accepted")
+	}
+}
+
+func TestApplyRefusesUnsafeManifests(t *testing.T) {
+	dst := t.TempDir()
+	ex, _ := NewExcluder(nil)
+	sc := &Scanner{Root: dst, Exclude: ex}
+	for _, want := range [][]Entry{
+		{{Path: "../escape", Kind: KindFile, Hash: "x"}},
+		{{Path: "/etc/passwd", Kind: KindFile, Hash: "x"}},
+		{{Path: "a", Kind: KindSymlink, Link: "/etc"}, {Path: "a/passwd", Kind: KindFile, Hash: "x"}},
+	} {
+		if _, err := Apply(context.Background(), sc, want, opts(memStore{})); !errors.Is(err, ErrUnsafeManifest) {
+			t.Errorf("%v: err %v, want ErrUnsafeManifest", want, err)
+		}
+	}
+}
+
+// TestScanSkipsUnchangedContent: an unchanged tree is not read again, and a
+// change that keeps size and mtime is still seen (ctime moves).
+func TestScanSkipsUnchangedContent(t *testing.T) {
+	root := t.TempDir()
+	put(t, root, "a", "one")
+	ex, _ := NewExcluder(nil)
+	sc := &Scanner{Root: root, Exclude: ex}
+	r, err := sc.Scan(context.Background())
+	if err != nil || r.Hashed != 1 {
+		t.Fatalf("first scan hashed %d, %v", r.Hashed, err)
+	}
+	if r, _ = sc.Scan(context.Background()); r.Hashed != 0 {
+		t.Fatalf("unchanged tree hashed %d files", r.Hashed)
+	}
+	fi, _ := os.Stat(filepath.Join(root, "a"))
+	put(t, root, "a", "two")
+	_ = os.Chtimes(filepath.Join(root, "a"), fi.ModTime(), fi.ModTime())
+	r2, _ := sc.Scan(context.Background())
+	if r2.Hashed != 1 || r2.Entries[0].Hash == r.Entries[0].Hash {
+		t.Fatalf("same-size same-mtime change missed: %+v", r2)
+	}
+	if _, err := (&Scanner{Root: filepath.Join(root, "nope"), Exclude: ex}).Scan(context.Background()); !errors.Is(err, ErrRootMissing) {
+		t.Fatalf("missing root: %v", err)
+	}
+}
+
+// TestApplyKeepsLocalChanges: a file replication did not put there is
+// preserved before it is replaced or removed; one it did put there is not.
+func TestApplyKeepsLocalChanges(t *testing.T) {
+	src, dst, conf := t.TempDir(), t.TempDir(), t.TempDir()
+	m := memStore{}
+	put(t, src, "a.txt", "a1")
+	put(t, src, "b.txt", "b1")
+	put(t, src, "c.txt", "c1")
+	want := scanInto(t, src, nil, m)
+	ex, _ := NewExcluder(nil)
+	sc := &Scanner{Root: dst, Exclude: ex}
+	o := opts(m)
+	o.ConflictDir = conf
+	if _, err := Apply(context.Background(), sc, want, o); err != nil {
+		t.Fatal(err)
+	}
+	o.Known = KnownOf(want)
+	put(t, dst, "a.txt", "changed here")  // modified locally
+	put(t, dst, "local.txt", "only here") // never replicated
+	put(t, src, "c.txt", "c2")            // changed at the source: not a conflict
+	if err := os.Remove(filepath.Join(src, "local.txt")); err != nil && !os.IsNotExist(err) {
+		t.Fatal(err)
+	}
+	want = scanInto(t, src, nil, m)
+	o.Now = time.Now()
+	res, err := Apply(context.Background(), sc, want, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]string{}
+	for _, c := range res.Conflicts {
+		b, err := os.ReadFile(c.PreservedAs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got[c.Path+" "+c.Reason] = string(b)
+	}
+	if len(got) != 2 || got["a.txt modified_locally"] != "changed here" || got["local.txt local_only"] != "only here" {
+		t.Fatalf("conflicts: %v", got)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "c.txt")); string(b) != "c2" {
+		t.Fatalf("c.txt = %q", b)
+	}
+}
+
+func TestSafetyValve(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	m := memStore{}
+	for i := range 40 {
+		put(t, src, fmt.Sprintf("f%02d", i), "x")
+	}
+	ex, _ := NewExcluder(nil)
+	sc := &Scanner{Root: dst, Exclude: ex}
+	o := opts(m)
+	if _, err := Apply(context.Background(), sc, scanInto(t, src, nil, m), o); err != nil {
+		t.Fatal(err)
+	}
+	o.Known = KnownOf(scanInto(t, src, nil, m))
+	// 4 of 40 (10 %) may go; 5 may not.
+	for i := range 5 {
+		os.Remove(filepath.Join(src, fmt.Sprintf("f%02d", i)))
+	}
+	var ve *ValveError
+	if _, err := Apply(context.Background(), sc, scanInto(t, src, nil, m), o); !errors.As(err, &ve) || ve.Deletes != 5 || ve.TargetFiles != 40 {
+		t.Fatalf("err %v, want a valve error for 5 of 40", err)
+	}
+	if _, err := os.Stat(filepath.Join(dst, "f00")); err != nil {
+		t.Fatal("the valve applied part of the pass")
+	}
+	put(t, src, "f00", "x")
+	res, err := Apply(context.Background(), sc, scanInto(t, src, nil, m), o)
+	if err != nil || res.Deleted != 4 {
+		t.Fatalf("4 of 40: %+v %v", res, err)
+	}
+	// An empty manifest against a full target is the valve's case too.
+	if _, err := Apply(context.Background(), sc, nil, o); !errors.Is(err, ErrSafetyValve) {
+		t.Fatalf("empty manifest: %v", err)
+	}
+}
+
+// TestCrashMidTransferLeavesNoPartialFile kills (SIGKILL) a process in the
+// middle of writing a file over an older version: the final name still
+// holds the old content, the partial content is only in a temp file the
+// scans ignore, and the next start removes it.
+func TestCrashMidTransferLeavesNoPartialFile(t *testing.T) {
+	if os.Getenv("FSTREE_CRASH_HELPER") != "" {
+		t.Skip("helper process")
+	}
+	dst := t.TempDir()
+	put(t, dst, "msg0001.wav", "old version")
+	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.v")
+	cmd.Env = append(os.Environ(), "FSTREE_CRASH_HELPER="+dst)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(out)
+	var tmp string
+	for sc.Scan() {
+		if p, ok := strings.CutPrefix(sc.Text(), "PARTIAL "); ok {
+			tmp = p
+			break
+		}
+	}
+	if tmp == "" {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		t.Fatal("helper never reached the middle of the transfer")
+	}
+	_ = cmd.Process.Signal(syscall.SIGKILL)
+	_ = cmd.Wait()
+
+	if fi, err := os.Stat(tmp); err != nil || fi.Size() == 0 {
+		t.Fatalf("the helper did not die mid-write (temp %v, %v)", fi, err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "msg0001.wav")); string(b) != "old version" {
+		t.Fatalf("final name holds %d bytes of something else after a crash", len(b))
+	}
+	ex, _ := NewExcluder(nil)
+	r, err := (&Scanner{Root: dst, Exclude: ex}).Scan(context.Background())
+	if err != nil || len(r.Entries) != 1 {
+		t.Fatalf("a scan sees the partial file: %+v %v", r.Entries, err)
+	}
+	if err := RemoveTemps(dst); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
+		t.Fatalf("leftover temp not removed: %v", err)
+	}
+}
+
+// TestCrashHelper is the process the crash test kills.
+func TestCrashHelper(t *testing.T) {
+	dst := os.Getenv("FSTREE_CRASH_HELPER")
+	if dst == "" {
+		t.Skip("run by TestCrashMidTransferLeavesNoPartialFile")
+	}
+	data := make([]byte, 4<<20)
+	_, _ = rand.Read(data)
+	sum := sha256.Sum256(data)
+	h := hex.EncodeToString(sum[:])
+	m := memStore{h: data}
+	afterPartialWrite = func(tmp string) {
+		fmt.Printf("PARTIAL %s\n", tmp)
+		select {} // wait for the kill
+	}
+	ex, _ := NewExcluder(nil)
+	o := opts(m)
+	o.Known = map[string]string{"msg0001.wav": "f:whatever"}
+	o.ConflictDir = t.TempDir()
+	_, _ = Apply(context.Background(), &Scanner{Root: dst, Exclude: ex},
+		[]Entry{{Path: "msg0001.wav", Kind: KindFile, Mode: 0o644, Size: int64(len(data)), Hash: h, MTime: time.Now().UnixNano()}}, o)
+	t.Fatal("apply finished; it should have been killed")
+}

@@ -1,0 +1,180 @@
+package replicate_test
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"math"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/services/replicator/internal/fstree"
+	"github.com/fanpbx/fan/services/replicator/internal/replicate"
+)
+
+// BenchmarkVersusRsync compares the replicator with rsync on the same data on
+// this machine: an initial sync of FAN_BENCH_FILES files (default 10,000)
+// holding FAN_BENCH_BYTES bytes (default 1 GiB), a pass with no changes, and
+// change-to-visible latency. rsync runs locally (directory to directory, no
+// SSH), which is its best case. Run:
+//
+//	cd services/replicator && go test -run '^$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
+//
+// Data lives under /tmp and is deleted at the end.
+func BenchmarkVersusRsync(b *testing.B) {
+	rsync, err := exec.LookPath("rsync")
+	if err != nil {
+		b.Skip("rsync not installed (apt-get install rsync)")
+	}
+	files := envInt("FAN_BENCH_FILES", 10000)
+	total := envInt("FAN_BENCH_BYTES", 1<<30)
+	dir, err := os.MkdirTemp("/tmp", "fan-repl-bench-")
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { os.RemoveAll(dir) })
+	src, rdst := filepath.Join(dir, "src"), filepath.Join(dir, "rsync-dst")
+	genData(b, src, files, total)
+	dropCaches()
+
+	runRsync := func() time.Duration {
+		start := time.Now()
+		if out, err := exec.Command(rsync, "-a", "--delete", src+"/", rdst+"/").CombinedOutput(); err != nil {
+			b.Fatalf("rsync: %v: %s", err, out)
+		}
+		return time.Since(start)
+	}
+	rInit := runRsync()
+	rNoop := runRsync()
+
+	for b.Loop() {
+		l := newLab(b)
+		n1 := &node{name: "n1", root: src, state: filepath.Join(dir, "n1-state")}
+		n2 := &node{name: "n2", root: filepath.Join(dir, "fan-dst"), state: filepath.Join(dir, "n2-state")}
+		cfg := func(c *replicate.Config) { c.ScanInterval = time.Hour; c.Workers = 4 }
+		mark := l.mark()
+		start := time.Now()
+		l.start(n1, cfg)
+		l.start(n2, cfg)
+		l.setHolder("n1", 1)
+		l.eventuallyLong = true
+		l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
+		fInit := time.Since(start)
+		if err := same(src, n2.root); err != nil {
+			b.Fatalf("fan copy differs: %v", err)
+		}
+
+		// No change: what the periodic pass costs on both sides (stat
+		// every entry, hash nothing, send nothing).
+		ex, _ := fstree.NewExcluder([]string{"tmp/"})
+		s1, s2 := &fstree.Scanner{Root: src, Exclude: ex}, &fstree.Scanner{Root: n2.root, Exclude: ex}
+		_, _ = s1.Scan(context.Background())
+		_, _ = s2.Scan(context.Background())
+		t0 := time.Now()
+		if _, err := s1.Scan(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := s2.Scan(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+		fNoop := time.Since(t0)
+
+		// Change to visible: write a 16 KiB message on the source, time
+		// until the same bytes are on the target under the final name.
+		const rounds = 100
+		var fLat, rLat []time.Duration
+		for i := range rounds {
+			rel := fmt.Sprintf("bench/%d/INBOX/msg%04d.txt", i%10, i)
+			data := make([]byte, 16<<10)
+			_, _ = rand.Read(data)
+			t0 := time.Now()
+			write(b, src, rel, data)
+			fLat = append(fLat, waitFile(b, filepath.Join(n2.root, rel), len(data), t0))
+			// rsync's latency for the same change is one run (a cron
+			// adds up to its period on top).
+			rLat = append(rLat, runRsync())
+		}
+		fp50, fp99 := pct(fLat, 50), pct(fLat, 99)
+		rp50, rp99 := pct(rLat, 50), pct(rLat, 99)
+		b.ReportMetric(fInit.Seconds(), "fan_initial_s")
+		b.ReportMetric(rInit.Seconds(), "rsync_initial_s")
+		b.ReportMetric(fNoop.Seconds()*1000, "fan_nochange_ms")
+		b.ReportMetric(rNoop.Seconds()*1000, "rsync_nochange_ms")
+		b.ReportMetric(float64(fp99.Microseconds())/1000, "fan_latency_p99_ms")
+		b.ReportMetric(float64(rp99.Microseconds())/1000, "rsync_latency_p99_ms")
+		fmt.Printf("\nreplicator vs rsync, %d files, %.0f MiB, %d CPUs\n", files, float64(total)/(1<<20), nprocs())
+		fmt.Printf("  initial sync     fan %8.2fs   rsync %8.2fs   fan/rsync %.2f\n", fInit.Seconds(), rInit.Seconds(), fInit.Seconds()/rInit.Seconds())
+		fmt.Printf("  no-change pass   fan %8.1fms  rsync %8.1fms  fan/rsync %.2f\n", ms(fNoop), ms(rNoop), fNoop.Seconds()/rNoop.Seconds())
+		fmt.Printf("  change latency   fan p50 %6.1fms p99 %6.1fms   rsync run p50 %6.1fms p99 %6.1fms   p99 fan/rsync %.2f\n",
+			ms(fp50), ms(fp99), ms(rp50), ms(rp99), fp99.Seconds()/rp99.Seconds())
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func nprocs() int {
+	n, _ := strconv.Atoi(os.Getenv("GOMAXPROCS"))
+	if n == 0 {
+		out, _ := exec.Command("nproc").Output()
+		n, _ = strconv.Atoi(string(out[:max(len(out)-1, 0)]))
+	}
+	return n
+}
+
+func envInt(k string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(k)); err == nil && v > 0 {
+		return v
+	}
+	return def
+}
+
+// genData writes files files totalling about total bytes: 1 % large media
+// files holding 90 % of the bytes, the rest small, as a voicemail spool.
+func genData(b *testing.B, root string, files, total int) {
+	b.Helper()
+	large := max(files/100, 1)
+	small := files - large
+	smallSize := total / 10 / max(small, 1)
+	largeSize := (total - smallSize*small) / large
+	buf := make([]byte, largeSize)
+	for i := range files {
+		size := smallSize
+		rel := fmt.Sprintf("default/%d/INBOX/msg%04d.txt", i%200, i)
+		if i < large {
+			size = largeSize
+			rel = fmt.Sprintf("default/%d/INBOX/msg%04d.wav", i%200, i)
+		}
+		_, _ = rand.Read(buf[:size])
+		write(b, root, rel, buf[:size])
+	}
+}
+
+// dropCaches is best effort: both tools then start from the same state.
+func dropCaches() {
+	_ = exec.Command("sync").Run()
+	_ = os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
+}
+
+func waitFile(b *testing.B, p string, size int, since time.Time) time.Duration {
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		if fi, err := os.Stat(p); err == nil && fi.Size() == int64(size) {
+			return time.Since(since)
+		}
+		time.Sleep(500 * time.Microsecond)
+	}
+	b.Fatalf("%s not replicated within 10s", p)
+	return 0
+}
+
+func pct(ds []time.Duration, p float64) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	i := int(math.Ceil(p/100*float64(len(s)))) - 1
+	return s[max(i, 0)]
+}

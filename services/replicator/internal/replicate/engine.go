@@ -1,0 +1,301 @@
+// Package replicate runs the replicator's trees. A tree's direction follows
+// the group's holder and epoch in the arbiter's state bucket: the holder
+// scans and publishes manifests (driven by file-system notifications, with a
+// periodic full scan behind them); every other node applies the holder's
+// manifest of the current epoch and confirms with a ReplicationApplied
+// event, which the holder turns into ReplicationStatus (CaughtUp) reports.
+package replicate
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/services/replicator/internal/astdb"
+	"github.com/fanpbx/fan/services/replicator/internal/fstree"
+	"github.com/fanpbx/fan/services/replicator/internal/store"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Tree is one replicated tree: a directory, or AstDB families over AMI.
+type Tree struct {
+	Name string
+	// Files: Root and Exclude (Root is created on a target when missing;
+	// on a source a missing root raises an alarm).
+	Root    string
+	Exclude *fstree.Excluder
+	// AstDB: AMI reaches this node's Asterisk; Families are carried.
+	AMI      astdb.Actioner
+	Families []string
+	// Poll is how often an AstDB source reads its families (AstDB sends
+	// no change notifications).
+	Poll time.Duration
+}
+
+func (t Tree) isAstDB() bool { return t.AMI != nil }
+
+// Config is what the engine needs; the app fills it from the file.
+type Config struct {
+	Cluster, Group, Node string
+	Trees                []Tree
+	// StateDir keeps, per tree, what this node last had confirmed, and the
+	// conflicts directory.
+	StateDir string
+	// Debounce groups notifications into one pass.
+	Debounce time.Duration
+	// ScanInterval is the full scan (and target re-check) period.
+	ScanInterval   time.Duration
+	MaxDeleteShare float64
+	AllowDeletes   int
+	Workers        int
+	Owner          bool
+	// GCInterval is how often the holder deletes unreferenced contents
+	// older than GCGrace; 0 disables.
+	GCInterval, GCGrace time.Duration
+}
+
+// Engine runs every tree of one node.
+type Engine struct {
+	cfg   Config
+	bus   *bus.Bus
+	store *store.Store
+	log   *slog.Logger
+	m     *metrics
+	trees map[string]*worker
+
+	roleMu sync.Mutex
+	role   role
+}
+
+type role struct {
+	Holder string
+	Epoch  uint64
+}
+
+// New builds an engine; Run starts it.
+func New(cfg Config, b *bus.Bus, st *store.Store, reg prometheus.Registerer, log *slog.Logger) (*Engine, error) {
+	if cfg.Debounce <= 0 {
+		cfg.Debounce = 20 * time.Millisecond
+	}
+	if cfg.ScanInterval <= 0 {
+		cfg.ScanInterval = 30 * time.Second
+	}
+	e := &Engine{cfg: cfg, bus: b, store: st, log: log, m: newMetrics(reg), trees: map[string]*worker{}}
+	for _, t := range cfg.Trees {
+		if _, dup := e.trees[t.Name]; dup {
+			return nil, fmt.Errorf("tree %q configured twice", t.Name)
+		}
+		w, err := newWorker(e, t)
+		if err != nil {
+			return nil, err
+		}
+		e.trees[t.Name] = w
+	}
+	return e, nil
+}
+
+// Run replicates until ctx ends.
+func (e *Engine) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	kv, err := e.bus.StateKV(ctx)
+	if err != nil {
+		return fmt.Errorf("replicator: %w", err)
+	}
+	if err := e.store.LoadIndex(ctx); err != nil {
+		return fmt.Errorf("replicator: %w", err)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 4)
+	goRun := func(f func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(ctx); err != nil && ctx.Err() == nil {
+				errs <- err
+				cancel()
+			}
+		}()
+	}
+	// Confirmations are read from the engine's start, so one sent before
+	// the consumer exists is not missed.
+	since := time.Now()
+	goRun(func(ctx context.Context) error {
+		return e.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllReplicationApplied(e.cfg.Cluster)}, Since: since},
+			func(env events.Envelope, p events.Payload, _ uint64) {
+				a, ok := p.(*events.ReplicationApplied)
+				if !ok || a.Group != e.cfg.Group || a.Source != e.cfg.Node {
+					return
+				}
+				if w := e.trees[a.Tree]; w != nil {
+					w.ack(ackMsg{env: env, a: *a, at: time.Now()})
+				}
+			})
+	})
+	goRun(func(ctx context.Context) error {
+		prefix := events.ReplManifestName(e.cfg.Cluster, e.cfg.Group, "", "")
+		prefix = strings.TrimSuffix(prefix, ".")
+		return e.store.WatchManifests(ctx, func(name string) {
+			rest, ok := strings.CutPrefix(name, prefix)
+			if !ok {
+				return
+			}
+			tree, _, _ := strings.Cut(rest, ".")
+			if w := e.trees[tree]; w != nil {
+				nudge(w.manifestCh)
+			}
+		})
+	})
+	goRun(func(ctx context.Context) error { return e.watchRole(ctx, kv) })
+	if e.cfg.GCInterval > 0 {
+		goRun(e.gcLoop)
+	}
+	for _, w := range e.trees {
+		goRun(w.run)
+	}
+	<-ctx.Done()
+	wg.Wait()
+	select {
+	case err := <-errs:
+		return err
+	default:
+		return nil
+	}
+}
+
+// watchRole follows the group's status. The watcher is advisory (it can lag
+// after a server restart), so it is backed by a periodic read; and every
+// source re-reads the status right before publishing anyway.
+func (e *Engine) watchRole(ctx context.Context, kv jetstream.KeyValue) error {
+	key := events.GroupStatusKey(e.cfg.Cluster, e.cfg.Group)
+	tick := time.NewTicker(e.cfg.ScanInterval)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		w, err := kv.Watch(ctx, key)
+		if err != nil {
+			e.log.Warn("watch group status failed, retrying", "key", key, "err", err)
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-time.After(time.Second):
+			}
+			continue
+		}
+	loop:
+		for {
+			select {
+			case <-ctx.Done():
+				break loop
+			case kve, ok := <-w.Updates():
+				if !ok {
+					break loop
+				}
+				if kve != nil && kve.Operation() == jetstream.KeyValuePut {
+					e.setRole(kve.Value())
+				}
+			case <-tick.C:
+				if kve, err := kv.Get(ctx, key); err == nil {
+					e.setRole(kve.Value())
+				}
+			}
+		}
+		_ = w.Stop()
+	}
+	return nil
+}
+
+func (e *Engine) setRole(v []byte) {
+	var gs events.GroupStatus
+	if err := json.Unmarshal(v, &gs); err != nil {
+		e.log.Warn("undecodable group status", "err", err)
+		return
+	}
+	r := role{Holder: gs.Holder, Epoch: gs.Epoch}
+	e.roleMu.Lock()
+	old := e.role
+	// Epochs only grow: a late, older value never turns direction back.
+	if r.Epoch < old.Epoch || r == old {
+		e.roleMu.Unlock()
+		return
+	}
+	e.role = r
+	e.roleMu.Unlock()
+	e.log.Info("group holder", "holder", r.Holder, "epoch", r.Epoch)
+	for _, w := range e.trees {
+		nudge(w.roleCh)
+	}
+}
+
+func (e *Engine) currentRole() role {
+	e.roleMu.Lock()
+	defer e.roleMu.Unlock()
+	return e.role
+}
+
+// confirmHolder reads the status afresh: a source publishes only while the
+// bucket still names it holder in the epoch it acts under.
+func (e *Engine) confirmHolder(ctx context.Context, epoch uint64) error {
+	kv, err := e.bus.StateKV(ctx)
+	if err != nil {
+		return err
+	}
+	kve, err := kv.Get(ctx, events.GroupStatusKey(e.cfg.Cluster, e.cfg.Group))
+	if err != nil {
+		return fmt.Errorf("read group status: %w", err)
+	}
+	e.setRole(kve.Value())
+	r := e.currentRole()
+	if r.Holder != e.cfg.Node || r.Epoch != epoch {
+		return fmt.Errorf("%w: holder %q epoch %d, acting under epoch %d", errNotHolder, r.Holder, r.Epoch, epoch)
+	}
+	return nil
+}
+
+var errNotHolder = errors.New("no longer the holder")
+
+func (e *Engine) gcLoop(ctx context.Context) error {
+	t := time.NewTicker(e.cfg.GCInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		if e.currentRole().Holder != e.cfg.Node {
+			continue
+		}
+		n, err := e.store.GC(ctx, e.cfg.GCGrace)
+		if err != nil {
+			e.log.Warn("content gc failed", "err", err)
+			continue
+		}
+		if n > 0 {
+			e.log.Info("content gc", "deleted", n)
+		}
+	}
+}
+
+func (e *Engine) emit(ctx context.Context, p events.Payload, opts ...events.Option) {
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := e.bus.Emit(pctx, p, opts...); err != nil {
+		e.log.Warn("publish failed", "type", p.EventType(), "err", err)
+	}
+}
+
+// nudge wakes a worker without blocking; one pending wake is enough.
+func nudge(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
