@@ -44,7 +44,7 @@ type Options struct {
 	// PBX, the evidence that tells a dead node from one cut off the bus.
 	PeerInterval, PeerTimeout time.Duration
 	Rise, Fall                int
-	Log               *slog.Logger
+	Log                       *slog.Logger
 }
 
 func (o *Options) defaults() {

@@ -160,7 +160,9 @@ func AddressCorrectionSubject(cluster, node string) string {
 }
 
 // AllAddressConflicts matches every node's conflict reports in a cluster.
-func AllAddressConflicts(cluster string) string { return EventRoot + "." + cluster + ".addr.*.conflict" }
+func AllAddressConflicts(cluster string) string {
+	return EventRoot + "." + cluster + ".addr.*.conflict"
+}
 
 // AllAddressEvents matches every node's address events in a cluster.
 func AllAddressEvents(cluster string) string { return EventRoot + "." + cluster + ".addr.>" }
