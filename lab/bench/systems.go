@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/fanpbx/fan/lab/netlab"
@@ -216,8 +217,14 @@ func (k *Keepalived) Restore(ctx context.Context, s Scenario, node string) error
 	case NodeCrash:
 		// keepalived does not remove its address when killed (SIGKILL):
 		// clean up as an operator's reboot would, then start again.
-		if err := k.Lab.AddrDel(ctx, node, k.Lab.FloatingIP()); err != nil && !strings.Contains(err.Error(), "Cannot assign") {
+		holders, err := AddressHolders(ctx, k.Lab)
+		if err != nil {
 			return err
+		}
+		if slices.Contains(holders, node) {
+			if err := k.Lab.AddrDel(ctx, node, k.Lab.FloatingIP()); err != nil {
+				return err
+			}
 		}
 		if err := k.startKamailio(node); err != nil {
 			return err

@@ -13,6 +13,7 @@
 //	fan.evt.<cluster>.svc.<service>.<node>.announce   service start and stop
 //	fan.cmd.<cluster>.<node>.<verb>              commands to one node's executor
 //	fan.lease.<cluster>.<name>                   leadership leases (fencing, same stream as commands)
+//	fan.live.<cluster>.<node>                    presence beacons (core NATS only, never stored)
 //
 // Events and commands live in different streams: events in an audit stream with
 // limits retention, commands in a work-queue stream that each node's executor

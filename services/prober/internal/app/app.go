@@ -91,10 +91,14 @@ func (s *Service) Run(ctx context.Context) error {
 				s.loop(ctx, rt.Bus, cc, c)
 			}()
 		}
-		wg.Add(1)
+		wg.Add(2)
 		go func() {
 			defer wg.Done()
 			s.heartbeats(ctx, rt.Bus)
+		}()
+		go func() {
+			defer wg.Done()
+			s.beacons(ctx, rt.Bus)
 		}()
 		wg.Wait()
 		return nil
@@ -305,6 +309,32 @@ func (s *Service) setFigures(f map[string]float64) {
 
 // heartbeats publishes the node's telemetry and every check's current state,
 // so consumers converge even after missing a transition.
+// beacons says "alive and on the bus" often, on core NATS. A publish while
+// disconnected fails at once (no reconnect buffer), so a node cut off from
+// the bus goes quiet instead of flooding stale beacons on reconnect.
+func (s *Service) beacons(ctx context.Context, b *bus.Bus) {
+	every := s.cfg.PresenceInterval.D()
+	subject := events.BeaconSubject(s.cfg.Cluster, s.cfg.Node)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var seq uint64
+	for {
+		seq++
+		data, err := events.Beacon{Node: s.cfg.Node, Seq: seq, IntervalMS: every.Milliseconds(), At: time.Now().UTC()}.Encode()
+		if err == nil {
+			err = b.NC.Publish(subject, data)
+		}
+		if err != nil && seq%100 == 1 {
+			s.log.Debug("presence beacon not sent", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 func (s *Service) heartbeats(ctx context.Context, b *bus.Bus) {
 	sampler := telemetry.NewSampler()
 	t := time.NewTicker(s.cfg.HeartbeatInterval.D())

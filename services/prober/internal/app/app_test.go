@@ -15,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 const validYAML = `cluster: lab
@@ -286,5 +287,40 @@ func TestHeartbeatCarriesStateAndFigures(t *testing.T) {
 		case <-deadline:
 			t.Fatal("no heartbeat with the check up and the PBX's figures")
 		}
+	}
+}
+
+func TestPresenceBeaconsAreFrequentAndNotStored(t *testing.T) {
+	h := start(t, "right", 100*time.Millisecond, 60*time.Millisecond, 1, 1)
+	sub, err := h.watcher.NC.SubscribeSync(events.AllBeacons("lab"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var last uint64
+	for i := range 5 {
+		m, err := sub.NextMsg(2 * time.Second)
+		if err != nil {
+			t.Fatalf("beacon %d: %v", i, err)
+		}
+		b, err := events.DecodeBeacon(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.Node != "n1" || b.IntervalMS != 100 || b.Seq <= last || m.Subject != events.BeaconSubject("lab", "n1") {
+			t.Fatalf("beacon %+v on %s after seq %d", b, m.Subject, last)
+		}
+		last = b.Seq
+	}
+	// Beacons are core NATS only: the audit stream must not capture them.
+	st, err := h.watcher.JS.Stream(context.Background(), bus.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(context.Background(), jetstream.WithSubjectFilter(events.AllBeacons("lab")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := len(info.State.Subjects); n != 0 {
+		t.Fatalf("audit stream stored beacons on %d subjects", n)
 	}
 }

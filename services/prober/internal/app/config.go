@@ -20,6 +20,11 @@ type Config struct {
 	// HeartbeatInterval is how often the node's heartbeat (telemetry and
 	// every check's current state) is published.
 	HeartbeatInterval config.Duration `yaml:"heartbeat_interval"`
+	// PresenceInterval is how often a presence beacon goes out on core
+	// NATS (never stored). The arbiter counts this node silent after a few
+	// missed beacons, so this bounds how fast a crashed node or a cut link
+	// is noticed.
+	PresenceInterval config.Duration `yaml:"presence_interval"`
 	// ResultsEvery rate-limits raw results: a result is published when it
 	// differs from the previous one, or when this long has passed.
 	ResultsEvery config.Duration `yaml:"results_every"`
@@ -112,6 +117,12 @@ func (c *Config) Validate() error {
 	}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = config.Duration(2 * time.Second)
+	}
+	if c.PresenceInterval == 0 {
+		c.PresenceInterval = config.Duration(100 * time.Millisecond)
+	}
+	if c.PresenceInterval < config.Duration(10*time.Millisecond) {
+		return config.Errf("presence_interval", "must be at least 10ms, got %v", c.PresenceInterval)
 	}
 	if c.ResultsEvery == 0 {
 		c.ResultsEvery = config.Duration(10 * time.Second)
