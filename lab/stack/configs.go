@@ -93,6 +93,8 @@ astdb:
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+# No groups, so no failback windows: no permit is ever published and the
+# arbiter never fails back on its own in the lab.
 `,
 	"arbiter": `cluster: {{.Cluster}}
 node: {{.Node}}

@@ -2,15 +2,17 @@ module github.com/fanpbx/fan/services/scheduler
 
 go 1.26.0
 
-require github.com/fanpbx/fan/pkg/platform v0.0.0
+require (
+	github.com/fanpbx/fan/pkg/events v0.0.0
+	github.com/fanpbx/fan/pkg/platform v0.0.0
+	github.com/google/uuid v1.6.0
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/fanpbx/fan/pkg/events v0.0.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
-	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect

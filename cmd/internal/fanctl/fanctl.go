@@ -27,8 +27,16 @@ import (
 const usage = `usage: fanctl [connection flags] <command> [flags]
 
 commands:
-  events    print the event trail (--since 1h, --follow, --json, --type T)
-  status    who holds each group's addresses, and each node's health
+  events       print the event trail (--since 1h, --follow, --json, --type T)
+  status       who holds each group's addresses, and each node's health
+  explain ID   the causal chain of an event, back to the probe results
+  windows      the failback windows the scheduler will permit next
+
+operator actions (need --cluster; each is recorded with who asked, --as):
+  switchover --to NODE [--group G] [--reason TEXT]
+  failback --now --reason TEXT [--group G]
+  maintenance on|off [--group G] [--reason TEXT]   (no --group: the whole cluster)
+  node standby|active NODE [--reason TEXT]
 
 connection flags:
 `
@@ -76,6 +84,12 @@ func Main(args []string, stdout, stderr io.Writer, version string) int {
 		err = runEvents(ctx, rest, *cluster, connect, stdout, stderr)
 	case "status":
 		err = runStatus(ctx, rest, *cluster, connect, stdout, stderr)
+	case "explain":
+		err = runExplain(ctx, rest, *cluster, connect, stdout, stderr)
+	case "windows":
+		err = runWindows(ctx, rest, *cluster, connect, stdout, stderr)
+	case "switchover", "failback", "maintenance", "node":
+		err = runOperate(ctx, cmd, rest, *cluster, connect, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "fanctl: unknown command %q\n", cmd)
 		fs.Usage()
@@ -83,6 +97,9 @@ func Main(args []string, stdout, stderr io.Writer, version string) int {
 	}
 	if errors.Is(err, flag.ErrHelp) {
 		return 2
+	}
+	if errors.Is(err, errRefused) {
+		return 3
 	}
 	if err != nil {
 		fmt.Fprintln(stderr, "fanctl:", err)
@@ -228,7 +245,11 @@ func Summary(p events.Payload) string {
 	case *events.NodeHeartbeat:
 		return fmt.Sprintf("%s seq=%d cpu=%.1f%% mem_avail=%dMiB", v.Node, v.Seq, v.CPUPercent, v.MemAvailableBytes>>20)
 	case *events.ArbiterDecision:
-		return fmt.Sprintf("%s %s %s->%s: %s", v.Group, strings.ToUpper(string(v.Action)), v.From, v.To, v.Reason)
+		s := fmt.Sprintf("%s %s %s->%s: %s", v.Group, strings.ToUpper(string(v.Action)), v.From, v.To, v.Reason)
+		if v.NeedsHuman {
+			s = "NEEDS A HUMAN: " + s
+		}
+		return s
 	case *events.ClaimIP:
 		return fmt.Sprintf("claim %s on %s for %s", strings.Join(v.Addresses, ","), v.Node, v.Group)
 	case *events.ReleaseIP:
@@ -250,6 +271,14 @@ func Summary(p events.Payload) string {
 		return fmt.Sprintf("%s->%s %s files=%d caught_up=%v", v.Node, v.Peer, v.Tree, v.Files, v.CaughtUp)
 	case *events.ServiceAnnounce:
 		return fmt.Sprintf("%s on %s %s (%s)", v.Service, v.Node, v.State, v.Version)
+	case *events.OperatorAction:
+		return describeAction(v)
+	case *events.NodePresence:
+		s := fmt.Sprintf("%s %s", v.Node, strings.ToUpper(string(v.Presence)))
+		if v.SilentMS > 0 {
+			s += fmt.Sprintf(" after %s of silence", (time.Duration(v.SilentMS) * time.Millisecond).Round(time.Second))
+		}
+		return s
 	}
 	return ""
 }
@@ -337,6 +366,32 @@ func PrintStatus(w io.Writer, groups []events.GroupStatus, now time.Time) error 
 				hb = now.Sub(s.LastHeartbeat).Round(time.Millisecond).String() + " ago"
 			}
 			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%v\n", g.Group, n, s.Priority, s.Health, fmtTime(s.HealthSince), hb, s.Silent)
+		}
+	}
+	// What the arbiter is waiting for, when it is waiting: only printed
+	// when there is something to say, so the common case stays short.
+	var notes []string
+	for _, g := range groups {
+		if g.Frozen != "" {
+			notes = append(notes, fmt.Sprintf("%s: FROZEN: %s", g.Group, g.Frozen))
+		}
+		if g.Situation != "" {
+			notes = append(notes, fmt.Sprintf("%s: %s", g.Group, g.Situation))
+		}
+		if !g.PermitUntil.IsZero() {
+			notes = append(notes, fmt.Sprintf("%s: failback permitted until %s", g.Group, fmtTime(g.PermitUntil)))
+		}
+		for n, s := range g.Nodes {
+			if s.Standby {
+				notes = append(notes, fmt.Sprintf("%s: %s is in standby", g.Group, n))
+			}
+		}
+	}
+	if len(notes) > 0 {
+		sort.Strings(notes)
+		fmt.Fprintln(tw)
+		for _, n := range notes {
+			fmt.Fprintln(tw, n)
 		}
 	}
 	return tw.Flush()

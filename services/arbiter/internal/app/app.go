@@ -1,8 +1,10 @@
 // Package app wires the arbiter: one goroutine owns the pure decision core
 // and feeds it the prober's transitions and heartbeats, the executors'
-// results and the clock; while this replica holds the lease it persists the
-// core's state, publishes decisions, and publishes commands fenced by the
-// lease so that only the current leader's commands reach an executor.
+// results, the scheduler's permits, the replicator's reports, operator
+// requests and the clock; while this replica holds the lease it persists
+// the core's state, publishes decisions, and publishes commands fenced by
+// the lease so that only the current leader's commands reach an executor.
+// Beside it, and never in its way, the leader keeps the node registry.
 package app
 
 import (
@@ -10,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"log/slog"
 	"os"
 	"reflect"
@@ -21,9 +24,15 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
 	"github.com/fanpbx/fan/services/arbiter/internal/lease"
+	"github.com/fanpbx/fan/services/arbiter/internal/registry"
 	"github.com/google/uuid"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
+
+// registryWorkers write heartbeats to the registry in parallel; a node
+// always goes to the same worker, so its own heartbeats never race.
+const registryWorkers = 4
 
 // tickEvery drives the core's timers (claim timeouts, silence). It bounds
 // how late a timer fires, not how fast a health transition is acted on:
@@ -40,10 +49,12 @@ type Service struct {
 	log     *slog.Logger
 	version string
 
-	core  *decide.Core
-	lease *lease.Lease
-	bus   *bus.Bus
-	kv    jetstream.KeyValue
+	core   *decide.Core
+	lease  *lease.Lease
+	bus    *bus.Bus
+	kv     jetstream.KeyValue
+	reg    *registry.Registry
+	holder string // this replica's name in the lease
 
 	lastStatus map[string]events.GroupStatus
 	statusAt   time.Time
@@ -64,16 +75,7 @@ func Build(o daemon.Options) (daemon.Service, error) {
 
 // New builds an arbiter from a validated configuration.
 func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
-	dc := decide.Config{
-		Cluster: cfg.Cluster, NewID: func() string { return uuid.Must(uuid.NewV7()).String() },
-		SilentAfter: cfg.Policy.SilentAfter.D(), ClaimTimeout: cfg.Policy.ClaimTimeout.D(), CommandTTL: cfg.Policy.CommandTTL.D(),
-		HoldDown: cfg.Policy.HoldDown.D(), RetryBackoff: cfg.Policy.RetryBackoff.D(), SettleAfter: cfg.Policy.SettleAfter.D(),
-	}
-	for _, g := range cfg.Groups {
-		dc.Groups = append(dc.Groups, decide.Group{Name: g.Name, Addresses: g.Addresses, Nodes: g.Nodes,
-			HealthCheck: g.HealthCheck, PeerChecks: g.PeerChecks})
-	}
-	core, err := decide.New(dc)
+	core, err := decide.New(cfg.decideConfig())
 	if err != nil {
 		return nil, err
 	}
@@ -83,6 +85,7 @@ func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
 type input struct {
 	env events.Envelope
 	p   events.Payload
+	at  time.Time // when it arrived: the registry's clock
 }
 
 // Run arbitrates until ctx ends.
@@ -95,12 +98,30 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.kv = kv
 		host, _ := os.Hostname()
-		l, err := lease.New(lease.Config{Cluster: s.cfg.Cluster, Holder: fmt.Sprintf("%s/%s/%d", s.cfg.Node, host, os.Getpid()),
-			TTL: s.cfg.LeaseTTL.D()}, rt.Bus, s.log)
+		s.holder = fmt.Sprintf("%s/%s/%d", s.cfg.Node, host, os.Getpid())
+		l, err := lease.New(lease.Config{Cluster: s.cfg.Cluster, Holder: s.holder, TTL: s.cfg.LeaseTTL.D()}, rt.Bus, s.log)
 		if err != nil {
 			return err
 		}
 		s.lease = l
+		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Bus.Emit, s.log)
+		regDone := make(chan struct{})
+		go func() { s.runRegistry(ctx); close(regDone) }()
+
+		// Operator requests: every replica listens, only the leader answers
+		// (a follower stays silent so that it never races the leader's reply).
+		ops := make(chan *nats.Msg, 16)
+		sub, err := rt.Bus.NC.Subscribe(events.OperatorRequestSubject(s.cfg.Cluster), func(m *nats.Msg) {
+			select {
+			case ops <- m:
+			default:
+				s.log.Warn("operator request dropped: too many at once")
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("subscribe to operator requests: %w", err)
+		}
+		defer func() { _ = sub.Unsubscribe() }()
 
 		inputs := make(chan input, 4096)
 		changes := make(chan lease.Change, 4)
@@ -108,10 +129,10 @@ func (s *Service) Run(ctx context.Context) error {
 		go func() {
 			watchDone <- rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{
 				events.AllHealth(s.cfg.Cluster), events.AllHeartbeats(s.cfg.Cluster),
-				events.AllCommandResults(s.cfg.Cluster), events.AllPermits(s.cfg.Cluster),
+				events.AllCommandResults(s.cfg.Cluster), events.AllPermits(s.cfg.Cluster), events.AllReplication(s.cfg.Cluster),
 			}}, func(env events.Envelope, p events.Payload, _ uint64) {
 				select {
-				case inputs <- input{env, p}:
+				case inputs <- input{env: env, p: p}:
 				case <-ctx.Done():
 				}
 			})
@@ -125,9 +146,12 @@ func (s *Service) Run(ctx context.Context) error {
 			select {
 			case <-ctx.Done():
 				<-leaseDone
+				<-regDone
 				return <-watchDone
 			case in := <-inputs:
 				s.execute(ctx, s.core.Handle(time.Now(), in.env, in.p))
+			case m := <-ops:
+				s.operate(ctx, m)
 			case ch, ok := <-changes:
 				if ok {
 					s.leadership(ctx, ch)
@@ -173,22 +197,122 @@ func (s *Service) restore(ctx context.Context) error {
 	return s.core.Restore(st)
 }
 
-// execute persists, then publishes, what the core decided. State goes to
-// the bucket before any command leaves, so a successor never forgets a
-// claim that may already be executing.
-func (s *Service) execute(ctx context.Context, out decide.Output) {
-	if len(out.Emits) == 0 {
-		return
+// operate answers an operator request if this replica leads. The action
+// is recorded (accepted or refused) as an OperatorAction event that the
+// decisions it causes cite, then the requester gets the outcome.
+func (s *Service) operate(ctx context.Context, m *nats.Msg) {
+	if !s.lease.Leading() {
+		return // the leader answers; a follower's "not me" would race it
 	}
-	for _, e := range out.Emits {
-		if _, ok := e.Payload.(events.Command); ok {
-			if err := s.persist(ctx); err != nil {
-				s.log.Error("persist arbiter state failed; commands withheld", "err", err)
-				return
-			}
-			break
+	reply := func(r events.OperatorReply) {
+		r.Leader, r.Epoch = s.holder, s.lease.Epoch()
+		b, _ := json.Marshal(r)
+		if err := m.Respond(b); err != nil {
+			s.log.Warn("operator reply failed", "err", err)
 		}
 	}
+	var req events.OperatorRequest
+	if err := json.Unmarshal(m.Data, &req); err != nil {
+		reply(events.OperatorReply{Message: "malformed request: " + err.Error()})
+		return
+	}
+	id := uuid.Must(uuid.NewV7()).String()
+	rep, out := s.core.Operate(time.Now(), decide.Request{ID: id, OperatorRequest: req})
+	if len(out.Emits) == 0 {
+		reply(events.OperatorReply{Message: rep.Message})
+		return
+	}
+	published := s.execute(ctx, out)
+	r := events.OperatorReply{Accepted: rep.Accepted, Message: rep.Message, EventID: id, Decisions: rep.Decisions}
+	if !published {
+		r.Message += " (warning: not everything could be published; see the arbiter's log)"
+	}
+	s.log.Info("operator action", "verb", req.Verb, "group", req.Group, "node", req.Node, "operator", req.Operator,
+		"accepted", rep.Accepted, "outcome", rep.Message, "event_id", id)
+	reply(r)
+}
+
+// runRegistry keeps the node registry while this replica leads: its own
+// watch on heartbeats (so registry writes never delay a decision), sharded
+// writers, and the sweeper.
+func (s *Service) runRegistry(ctx context.Context) {
+	var shards [registryWorkers]chan input
+	done := make(chan struct{}, registryWorkers)
+	for i := range shards {
+		shards[i] = make(chan input, 1024)
+		go func(in <-chan input) {
+			defer func() { done <- struct{}{} }()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case hb := <-in:
+					if !s.lease.Leading() {
+						continue
+					}
+					wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+					err := s.reg.Heartbeat(wctx, hb.env, hb.p.(*events.NodeHeartbeat), hb.at)
+					cancel()
+					if err != nil && ctx.Err() == nil {
+						s.log.Warn("registry heartbeat write failed", "node", hb.env.Source.Node, "err", err)
+					}
+				}
+			}
+		}(shards[i])
+	}
+	go func() {
+		_ = s.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats(s.cfg.Cluster)}},
+			func(env events.Envelope, p events.Payload, _ uint64) {
+				hb, ok := p.(*events.NodeHeartbeat)
+				if !ok {
+					return
+				}
+				h := fnv.New32a()
+				h.Write([]byte(hb.Node))
+				select {
+				case shards[h.Sum32()%registryWorkers] <- input{env: env, p: hb, at: time.Now()}:
+				default:
+					// Behind by a thousand heartbeats: the next one carries
+					// the same facts, so dropping this one loses only a count.
+					s.log.Warn("registry behind: heartbeat dropped", "node", hb.Node)
+				}
+			})
+	}()
+	t := time.NewTicker(s.cfg.Registry.SweepEvery.D())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			for range registryWorkers {
+				<-done
+			}
+			return
+		case now := <-t.C:
+			if !s.lease.Leading() {
+				continue
+			}
+			sctx, cancel := context.WithTimeout(ctx, s.cfg.Registry.SweepEvery.D())
+			if _, err := s.reg.Sweep(sctx, now); err != nil && ctx.Err() == nil {
+				s.log.Warn("registry sweep incomplete", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// execute persists, then publishes, what the core decided, and reports
+// whether everything was published. State goes to the bucket before
+// anything leaves, so a successor never forgets a claim that may already
+// be executing, nor an operator's freeze or standby.
+func (s *Service) execute(ctx context.Context, out decide.Output) bool {
+	if len(out.Emits) == 0 {
+		return true
+	}
+	if err := s.persist(ctx); err != nil {
+		s.log.Error("persist arbiter state failed; nothing published", "err", err)
+		return false
+	}
+	ok := true
 	src := s.bus.Source()
 	for _, e := range out.Emits {
 		env, err := events.New(src, s.cfg.Cluster, e.Payload, e.Options...)
@@ -206,6 +330,7 @@ func (s *Service) execute(ctx context.Context, out decide.Output) {
 		if err != nil {
 			// An unpublished command is caught by the core's claim timeout.
 			s.log.Error("publish failed", "type", env.Type, "event_id", env.ID, "err", err)
+			ok = false
 			continue
 		}
 		if d, ok := e.Payload.(events.ArbiterDecision); ok {
@@ -213,6 +338,7 @@ func (s *Service) execute(ctx context.Context, out decide.Output) {
 		}
 	}
 	s.writeStatus(ctx, time.Now())
+	return ok
 }
 
 func (s *Service) persist(ctx context.Context) error {
@@ -236,9 +362,13 @@ func (s *Service) writeStatus(ctx context.Context, now time.Time) {
 	refresh := now.Sub(s.statusAt) >= statusRefresh
 	for i, g := range snap.Groups {
 		st := events.GroupStatus{Group: g.Name, Addresses: s.cfg.Groups[i].Addresses, Holder: g.Holder, Epoch: snap.Epoch,
-			Since: g.LastMove, Nodes: map[string]events.NodeStatus{}}
+			Since: g.LastMove, Nodes: map[string]events.NodeStatus{}, Frozen: g.Frozen, Situation: g.Situation, MovesLastHour: movesWithin(g.Moves, now)}
+		if g.Permit != nil && now.Before(g.Permit.ValidUntil) && !now.Before(g.Permit.ValidFrom) {
+			st.PermitUntil = g.Permit.ValidUntil
+		}
 		for prio, n := range g.Nodes {
-			st.Nodes[n.Node] = events.NodeStatus{Health: n.Health, LastHeartbeat: n.LastHeartbeat, Silent: n.Silent, Priority: prio}
+			st.Nodes[n.Node] = events.NodeStatus{Health: n.Health, LastHeartbeat: n.LastHeartbeat, Silent: n.Silent, Priority: prio,
+				Standby: n.Standby, Eligible: n.Eligible}
 		}
 		if !refresh && sameStatus(s.lastStatus[g.Name], st) {
 			continue
@@ -260,6 +390,16 @@ func (s *Service) writeStatus(ctx context.Context, now time.Time) {
 	if refresh {
 		s.statusAt = now
 	}
+}
+
+func movesWithin(moves []time.Time, now time.Time) int {
+	n := 0
+	for _, m := range moves {
+		if now.Sub(m) < time.Hour {
+			n++
+		}
+	}
+	return n
 }
 
 // sameStatus ignores heartbeat times, which change every second.

@@ -8,6 +8,9 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/arbiter/internal/decide"
+	"github.com/fanpbx/fan/services/arbiter/internal/registry"
+	"github.com/google/uuid"
 )
 
 // Config is the arbiter's configuration file.
@@ -18,6 +21,25 @@ type Config struct {
 	LeaseTTL config.Duration `yaml:"lease_ttl"`
 	Groups   []GroupConfig   `yaml:"groups"`
 	Policy   PolicyConfig    `yaml:"policy"`
+	Registry RegistryConfig  `yaml:"registry"`
+}
+
+// RegistryConfig tunes the node registry (seed 002).
+type RegistryConfig struct {
+	// OfflineAfter: a node silent this long is marked offline (default 5m).
+	OfflineAfter config.Duration `yaml:"offline_after"`
+	// SweepEvery: how often the leader sweeps (default offline_after/5, at most 30s).
+	SweepEvery config.Duration `yaml:"sweep_every"`
+}
+
+// FailbackConfig is a group's failback policy. Failback is never automatic
+// without a permit from the scheduler; these are the further conditions.
+type FailbackConfig struct {
+	StableFor          config.Duration `yaml:"stable_for"`          // default 10m
+	RequireReplication bool            `yaml:"require_replication"` // default false until the replicator reports
+	DrainMaxChannels   int             `yaml:"drain_max_channels"`  // default 0; negative disables the drain wait
+	OnWindowClose      string          `yaml:"on_window_close"`     // wait (default) or force
+	ForceBefore        config.Duration `yaml:"force_before"`        // default 1m
 }
 
 // GroupConfig is one set of floating addresses.
@@ -31,7 +53,8 @@ type GroupConfig struct {
 	HealthCheck string `yaml:"health_check"`
 	// PeerChecks are the peer-role checks that count as evidence about a
 	// holder that went silent on the bus (default: all of them).
-	PeerChecks []string `yaml:"peer_checks"`
+	PeerChecks []string       `yaml:"peer_checks"`
+	Failback   FailbackConfig `yaml:"failback"`
 }
 
 // PolicyConfig tunes timing; zero values take the decision core's defaults.
@@ -42,6 +65,9 @@ type PolicyConfig struct {
 	HoldDown     config.Duration `yaml:"hold_down"`
 	RetryBackoff config.Duration `yaml:"retry_backoff"`
 	SettleAfter  config.Duration `yaml:"settle_after"`
+	ClockSkew    config.Duration `yaml:"clock_skew"`
+	// MaxMovesPerHour caps automatic moves per group (default 5; negative: no cap).
+	MaxMovesPerHour int `yaml:"max_moves_per_hour"`
 }
 
 // Validate checks the file after loading and fills defaults.
@@ -87,6 +113,45 @@ func (c *Config) Validate() error {
 		if g.HealthCheck == "" {
 			return config.Errf(key("health_check"), "required")
 		}
+		if w := g.Failback.OnWindowClose; w != "" && w != "wait" && w != "force" {
+			return config.Errf(key("failback.on_window_close"), "want wait or force, got %q", w)
+		}
+	}
+	if c.Registry.OfflineAfter == 0 {
+		c.Registry.OfflineAfter = config.Duration(registry.DefaultOfflineAfter)
+	}
+	if c.Registry.OfflineAfter.D() < time.Second {
+		return config.Errf("registry.offline_after", "at least 1s, got %v", c.Registry.OfflineAfter)
+	}
+	if c.Registry.SweepEvery == 0 {
+		c.Registry.SweepEvery = config.Duration(min(c.Registry.OfflineAfter.D()/5, 30*time.Second))
+	}
+	if c.Registry.SweepEvery.D() < 100*time.Millisecond {
+		return config.Errf("registry.sweep_every", "at least 100ms, got %v", c.Registry.SweepEvery)
+	}
+	// The decision core checks the timing arithmetic (claim_timeout,
+	// clock_skew, command_ttl) so that a bad file fails at start.
+	if _, err := decide.New(c.decideConfig()); err != nil {
+		return &config.FieldError{Key: "policy", Err: err}
 	}
 	return nil
+}
+
+func (c *Config) decideConfig() decide.Config {
+	p := c.Policy
+	dc := decide.Config{
+		Cluster: c.Cluster, NewID: func() string { return uuid.Must(uuid.NewV7()).String() },
+		SilentAfter: p.SilentAfter.D(), ClaimTimeout: p.ClaimTimeout.D(), CommandTTL: p.CommandTTL.D(),
+		HoldDown: p.HoldDown.D(), RetryBackoff: p.RetryBackoff.D(), SettleAfter: p.SettleAfter.D(),
+		ClockSkew: p.ClockSkew.D(), MaxMovesPerHour: p.MaxMovesPerHour,
+	}
+	for _, g := range c.Groups {
+		fb := g.Failback
+		dc.Groups = append(dc.Groups, decide.Group{Name: g.Name, Addresses: g.Addresses, Nodes: g.Nodes,
+			HealthCheck: g.HealthCheck, PeerChecks: g.PeerChecks, Failback: decide.FailbackPolicy{
+				StableFor: fb.StableFor.D(), RequireReplication: fb.RequireReplication, DrainMaxChannels: fb.DrainMaxChannels,
+				OnWindowClose: decide.WindowClose(fb.OnWindowClose), ForceBefore: fb.ForceBefore.D(),
+			}})
+	}
+	return dc
 }

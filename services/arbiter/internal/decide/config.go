@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -29,10 +30,56 @@ const (
 	// another discretionary move is considered.
 	DefaultHoldDown = 10 * time.Second
 	// DefaultRetryBackoff equals DefaultCommandTTL: once it has passed, any
-	// claim still queued for the node that failed has expired, so claiming
+	// command still queued for the node that failed has expired, so claiming
 	// it again cannot race a late copy of the old command.
 	DefaultRetryBackoff = DefaultCommandTTL
+	// DefaultClockSkew is how far an executor's clock may lag the arbiter's.
+	// Claims expire this long before the arbiter gives up on them (see
+	// ClaimTTL), so NTP-synchronised hosts (skew in milliseconds) are
+	// covered many times over.
+	DefaultClockSkew = time.Second
+	// DefaultMaxMovesPerHour caps automatic moves (failover, failback) per
+	// group in any hour, like Pacemaker's migration-threshold: past it the
+	// group freezes and asks for a human. Five dead holders in an hour is
+	// not bad luck, it is a fault that moving again will not fix.
+	DefaultMaxMovesPerHour = 5
+	// DefaultStableFor: the preferred node must have been healthy and heard
+	// this long before a failback to it (FAN2 waited for a quiet window; a
+	// node that restarts twice in ten minutes is not ready).
+	DefaultStableFor = 10 * time.Minute
+	// DefaultForceBefore: with OnWindowClose force, a failback still waiting
+	// for calls to drain goes ahead this long before the window closes.
+	DefaultForceBefore = time.Minute
 )
+
+// WindowClose is what a failback still waiting for calls to drain does
+// when its window is about to close.
+type WindowClose string
+
+const (
+	// WindowCloseWait gives up until the next window (the default: no
+	// call is cut for a failback that can wait a day).
+	WindowCloseWait WindowClose = "wait"
+	// WindowCloseForce fails back anyway, ForceBefore the window closes.
+	WindowCloseForce WindowClose = "force"
+)
+
+// FailbackPolicy says when a group may move back to a more preferred node
+// while its holder is fine. Failback is never automatic without a
+// FailbackPermit from the scheduler; the policy adds the other conditions.
+type FailbackPolicy struct {
+	// StableFor: the target has been healthy and heard this long (default 10m).
+	StableFor time.Duration
+	// RequireReplication: wait for a ReplicationStatus from the holder to
+	// the target with CaughtUp, for every tree reported since the last move.
+	RequireReplication bool
+	// DrainMaxChannels: the holder's heartbeat must report at most this
+	// many active channels (0, the default, means none). Negative disables
+	// the drain condition. Unknown (not reported) is not drained.
+	DrainMaxChannels int
+	OnWindowClose    WindowClose // default wait
+	ForceBefore      time.Duration
+}
 
 // Config is the arbiter's view of one cluster. Zero durations take the defaults above.
 type Config struct {
@@ -50,13 +97,32 @@ type Config struct {
 	HoldDown     time.Duration // no discretionary move within this of the last move
 	RetryBackoff time.Duration // a node whose claim failed is skipped this long
 	SettleAfter  time.Duration // at start, wait this long for unheard higher-priority nodes (default SilentAfter)
+	ClockSkew    time.Duration // how far an executor's clock may lag (claims expire this long before ClaimTimeout)
+	// MaxMovesPerHour caps automatic moves per group; 0 takes the default,
+	// negative disables the cap.
+	MaxMovesPerHour int
 }
+
+// ClaimTTL is how long a claim stays valid: ClaimTimeout - ClockSkew.
+//
+// The arithmetic that closes the dual-holder gap: a claim published at t
+// carries NotAfter = t + ClaimTimeout - ClockSkew. An executor whose clock
+// lags the arbiter's by at most ClockSkew refuses it (and the server's TTL
+// deletes it) by arbiter time t + ClaimTimeout, which is exactly when the
+// arbiter gives up on it and claims elsewhere. So a claim the arbiter has
+// given up can no longer start being applied anywhere. What remains is a
+// claim whose application started before its deadline and is still
+// running: the release the arbiter sends at the same moment sits behind it
+// in the same node's ordered queue, so that node lets go as soon as it has
+// finished (the overlap is bounded by one claim's execution time).
+func (c Config) ClaimTTL() time.Duration { return c.ClaimTimeout - c.ClockSkew }
 
 // Group is one set of floating addresses and the nodes that may hold them.
 type Group struct {
 	Name      string
 	Addresses []string // prefixes, e.g. 198.51.100.10/24
 	Nodes     []string // priority order, first = preferred
+	Failback  FailbackPolicy
 	// HealthCheck is the self-role check (or quorum group) whose health on a
 	// node, as its own prober reports it, makes the node eligible.
 	HealthCheck string
@@ -81,7 +147,24 @@ func (c *Config) withDefaults() {
 	def(&c.HoldDown, DefaultHoldDown)
 	def(&c.RetryBackoff, DefaultRetryBackoff)
 	def(&c.SettleAfter, c.SilentAfter)
+	def(&c.ClockSkew, DefaultClockSkew)
+	if c.MaxMovesPerHour == 0 {
+		c.MaxMovesPerHour = DefaultMaxMovesPerHour
+	}
+	// Groups is the caller's slice: fill defaults in a copy.
+	c.Groups = slices.Clone(c.Groups)
+	for i := range c.Groups {
+		fb := &c.Groups[i].Failback
+		def(&fb.StableFor, DefaultStableFor)
+		def(&fb.ForceBefore, DefaultForceBefore)
+		if fb.OnWindowClose == "" {
+			fb.OnWindowClose = WindowCloseWait
+		}
+	}
 }
+
+// minClaimTTL leaves an executor time to receive and start a claim.
+const minClaimTTL = 500 * time.Millisecond
 
 func (c *Config) validate() error {
 	if err := events.ValidToken("cluster", c.Cluster); err != nil {
@@ -92,11 +175,18 @@ func (c *Config) validate() error {
 	}
 	for name, d := range map[string]time.Duration{
 		"SilentAfter": c.SilentAfter, "ClaimTimeout": c.ClaimTimeout, "CommandTTL": c.CommandTTL,
-		"HoldDown": c.HoldDown, "RetryBackoff": c.RetryBackoff, "SettleAfter": c.SettleAfter,
+		"HoldDown": c.HoldDown, "RetryBackoff": c.RetryBackoff, "SettleAfter": c.SettleAfter, "ClockSkew": c.ClockSkew,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: %s is negative", ErrConfig, name)
 		}
+	}
+	if c.ClaimTTL() < minClaimTTL {
+		return fmt.Errorf("%w: claim_timeout %v must exceed clock_skew %v by at least %v (claims expire at claim_timeout - clock_skew)",
+			ErrConfig, c.ClaimTimeout, c.ClockSkew, minClaimTTL)
+	}
+	if c.ClaimTTL() > c.CommandTTL {
+		return fmt.Errorf("%w: claim_timeout - clock_skew (%v) must not exceed command_ttl %v", ErrConfig, c.ClaimTTL(), c.CommandTTL)
 	}
 	if len(c.Groups) == 0 {
 		return fmt.Errorf("%w: no groups", ErrConfig)
@@ -133,6 +223,12 @@ func (c *Config) validate() error {
 		}
 		if err := events.ValidToken("health check", g.HealthCheck); err != nil {
 			return fmt.Errorf("%w: group %s: %v", ErrConfig, g.Name, err)
+		}
+		if fb := g.Failback; fb.StableFor < 0 || fb.ForceBefore < 0 {
+			return fmt.Errorf("%w: group %s: negative failback duration", ErrConfig, g.Name)
+		}
+		if w := g.Failback.OnWindowClose; w != WindowCloseWait && w != WindowCloseForce {
+			return fmt.Errorf("%w: group %s: on_window_close %q (want wait or force)", ErrConfig, g.Name, w)
 		}
 		for _, pc := range g.PeerChecks {
 			if err := events.ValidToken("peer check", pc); err != nil {

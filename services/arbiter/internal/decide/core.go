@@ -44,12 +44,15 @@ type observation struct {
 	since  time.Time // the observer's clock: only used to refuse going backwards
 	cause  ref       // the event that told us
 	origin string    // the transition that set the state, when a heartbeat told us
+	at     time.Time // the arbiter's time when health took this value (stability is judged on it)
 }
 
 type nodeState struct {
 	lastHB     time.Time // the arbiter's time
+	heardSince time.Time // the arbiter's time since when the node has been heard without a silence
 	hbInterval time.Duration
 	hbRef      ref
+	channels   *int                // active channels in its last heartbeat; nil when its prober does not know
 	checks     map[string]struct{} // check names this node's prober reported
 	groups     []int
 }
@@ -78,11 +81,35 @@ type groupState struct {
 	failed     map[string]time.Time // node -> excluded until
 	lastMove   time.Time
 	situation  string // key of the last hold explained, "" when nothing to explain
-	// failbackTold: "failback needs a permit" was explained during this
-	// holder's tenure (at most once, however often the preferred node flaps).
-	failbackTold bool
-	reason       string // its text, for Snapshot
-	permit       *permit
+	// told: failback waits already explained during this holder's tenure
+	// and term (each at most once, however often the preferred node flaps).
+	told   map[string]bool
+	reason string // its text, for Snapshot
+	permit *permit
+	// maintenance is the operator's freeze of this group (its reason), and
+	// flapFrozen the freeze the move cap imposed; either stops automatic moves.
+	maintenance string
+	flapFrozen  string
+	moves       []time.Time // automatic moves within the last hour
+	human       bool        // the standing hold asks for a human
+}
+
+type claimResult struct {
+	node    string
+	outcome events.Outcome
+}
+
+// maxResults bounds the remembered claim outcomes; a handover restores at
+// most one claim per group, so this covers hundreds of groups.
+const maxResults = 1024
+
+type replKey struct{ node, peer, tree string }
+
+// replReport is the last replication pass reported from node to peer for a tree.
+type replReport struct {
+	caughtUp bool
+	at       time.Time // the arbiter's time of receipt
+	cause    ref
 }
 
 // Core is the decision state machine. It is not safe for concurrent use:
@@ -100,6 +127,16 @@ type Core struct {
 	leading         bool
 	origin, now     time.Time
 
+	// results remembers recent claim outcomes seen while following, so a
+	// successor that restores an outstanding claim confirmed during the
+	// handover does not time it out and move the group again.
+	results     map[string]claimResult
+	resultOrder []string
+
+	maintenance string         // the operator's cluster-wide freeze (its reason)
+	standby     map[string]ref // node -> the operator action that put it in standby
+	repl        map[replKey]*replReport
+
 	affected []int // scratch, reused to keep the heartbeat path allocation-light
 }
 
@@ -115,11 +152,14 @@ func New(cfg Config) (*Core, error) {
 		nodes:   map[string]*nodeState{},
 		obs:     map[obsKey]*observation{},
 		peerIdx: map[string]map[obsKey]struct{}{},
+		standby: map[string]ref{},
+		repl:    map[replKey]*replReport{},
+		results: map[string]claimResult{},
 	}
 	for i, g := range cfg.Groups {
 		g.Addresses = slices.Clone(g.Addresses)
 		g.Nodes = slices.Clone(g.Nodes)
-		gs := &groupState{cfg: g, failed: map[string]time.Time{}}
+		gs := &groupState{cfg: g, failed: map[string]time.Time{}, told: map[string]bool{}}
 		if len(g.PeerChecks) > 0 {
 			gs.peerChecks = map[string]bool{}
 			for _, pc := range g.PeerChecks {
@@ -159,7 +199,8 @@ func (c *Core) SetLeadership(epoch uint64, leading bool) error {
 		// A new term explains the standing situation once more, so the audit
 		// stream shows what this leader inherited.
 		for _, g := range c.groups {
-			g.situation, g.reason, g.failbackTold = "", "", false
+			g.situation, g.reason = "", ""
+			clear(g.told)
 		}
 	}
 	return nil
@@ -199,6 +240,10 @@ func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Outp
 		c.onPermit(env, v)
 	case *events.FailbackPermit:
 		c.onPermit(env, *v)
+	case events.ReplicationStatus:
+		c.onReplication(now, env, v)
+	case *events.ReplicationStatus:
+		c.onReplication(now, env, *v)
 	}
 	if c.leading {
 		trig := envRef(env)
@@ -254,9 +299,17 @@ func (c *Core) onHeartbeat(now time.Time, env events.Envelope, hb *events.NodeHe
 	if ns == nil {
 		return
 	}
+	if ns.lastHB.IsZero() || c.silent(hb.Node, now) {
+		ns.heardSince = now // back from a silence: stability starts again
+	}
 	ns.lastHB = now
 	ns.hbInterval = time.Duration(hb.IntervalMS) * time.Millisecond
 	ns.hbRef = envRef(env)
+	ns.channels = nil
+	if hb.ActiveChannels != nil {
+		n := *hb.ActiveChannels
+		ns.channels = &n
+	}
 	// Its own groups may see it become eligible; groups where it observes
 	// someone as a peer may see their silent holder's evidence change.
 	c.touchNode(hb.Node)
@@ -300,7 +353,7 @@ func (c *Core) setObs(k obsKey, target string, role events.Role, h events.Health
 		c.obs[k] = o
 		c.nodes[k.observer].checks[k.check] = struct{}{}
 	}
-	*o = observation{target: target, role: role, health: h, since: since, cause: cause, origin: origin}
+	*o = observation{target: target, role: role, health: h, since: since, cause: cause, origin: origin, at: c.now}
 	if role == events.RolePeer {
 		idx := c.peerIdx[target]
 		if idx == nil {
@@ -327,7 +380,18 @@ func (c *Core) dropObs(k obsKey) {
 
 func (c *Core) onResult(now time.Time, env events.Envelope, r events.CommandResult, out *Output) {
 	gi, ok := c.byName[r.Group]
-	if !ok || !c.leading || r.CommandType != events.TypeClaimIP {
+	if !ok || r.CommandType != events.TypeClaimIP {
+		return
+	}
+	if _, seen := c.results[r.CommandID]; !seen {
+		if len(c.resultOrder) == maxResults {
+			delete(c.results, c.resultOrder[0])
+			c.resultOrder = c.resultOrder[1:]
+		}
+		c.resultOrder = append(c.resultOrder, r.CommandID)
+	}
+	c.results[r.CommandID] = claimResult{node: r.Node, outcome: r.Outcome}
+	if !c.leading {
 		return
 	}
 	g := c.groups[gi]
@@ -356,6 +420,25 @@ func (c *Core) onPermit(env events.Envelope, p events.FailbackPermit) {
 	if !ok {
 		return
 	}
-	// Recorded only: failback is not automatic in this version.
-	c.groups[gi].permit = &permit{window: p.Window, from: p.ValidFrom, until: p.ValidUntil, cause: envRef(env)}
+	g := c.groups[gi]
+	// The scheduler restates an open window's permit on every tick: keep
+	// the first event as the cause while the window is the same, so a
+	// failback cites the permit that opened it.
+	if old := g.permit; old != nil && old.window == p.Window && old.until.Equal(p.ValidUntil) && !p.ValidFrom.Before(old.from) {
+		return
+	}
+	g.permit = &permit{window: p.Window, from: p.ValidFrom, until: p.ValidUntil, cause: envRef(env)}
+	c.touch(gi)
+}
+
+// onReplication records the last pass per (source, target, tree). Only
+// the time of receipt matters for "after the last move", on the arbiter's
+// own clock, so a replicator's clock cannot make an old pass look new.
+func (c *Core) onReplication(now time.Time, env events.Envelope, r events.ReplicationStatus) {
+	if c.nodes[r.Node] == nil || c.nodes[r.Peer] == nil {
+		return
+	}
+	k := replKey{r.Node, r.Peer, r.Tree}
+	c.repl[k] = &replReport{caughtUp: r.CaughtUp && r.Error == "", at: now, cause: envRef(env)}
+	c.touchNode(r.Peer)
 }

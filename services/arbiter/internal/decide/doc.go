@@ -43,17 +43,26 @@
 //     or the claimant turning ineligible meanwhile, releases the claimant and
 //     claims the next eligible node (retry); if none is left the group holds
 //     with no holder and is placed again when a node becomes eligible.
-//   - Never failback: while the holder is not down nothing moves. When the
-//     preferred node is eligible but another node holds, one hold decision
-//     says that failback needs a permit. FailbackPermit events are recorded
-//     (see State) but not acted on in this version.
+//   - Failback only under a FailbackPermit in force (the scheduler's window),
+//     past the hold-down, to the highest-priority eligible node above the
+//     holder that has been healthy and heard for StableFor, with replication
+//     back to it caught up when required, and with the holder's calls
+//     drained (or the window closing and the policy says force). Each wait
+//     is explained once per holder's tenure and term.
 //   - Hold-down: every move is stamped and State shows HoldDownUntil; no
-//     discretionary move may happen within HoldDown of the last one. A hurt
-//     group (holder down, or no holder at all) is exempt: phones that get
-//     no answer hurt more than a second move in a short time. Every
-//     automatic move this version makes repairs a hurt group, so the
-//     hold-down binds only the discretionary moves to come (failback,
-//     switchover).
+//     discretionary move (failback) may happen within HoldDown of the last
+//     one. A hurt group (holder down, or no holder at all) is exempt: phones
+//     that get no answer hurt more than a second move in a short time.
+//   - Move cap: more than MaxMovesPerHour automatic moves (failover and
+//     failback) in any hour freezes the group (a NeedsHuman hold) until an
+//     operator turns its maintenance off.
+//   - Claims expire at ClaimTimeout - ClockSkew (see Config.ClaimTTL), so a
+//     claim the core gave up can no longer start being applied; releases
+//     carry now+CommandTTL.
+//   - Operator actions (Operate) are recorded as an OperatorAction that the
+//     decisions they cause cite; maintenance freezes automatic moves, a
+//     standby node holds nothing. They need a healthy target but ignore the
+//     hold-down and the cap.
 //   - Holds are explained once per change of situation, never per event.
 //
 // # Leadership and causation
@@ -62,7 +71,7 @@
 // standby) but its group state is frozen and it emits nothing, not even
 // decisions, so the audit stream never holds two explanations of one
 // moment. A new leader calls Restore with the last persisted State and then
-// SetLeadership; commands carry its epoch and a deadline of now+CommandTTL.
+// SetLeadership; commands carry its epoch and a deadline.
 //
 // The core never builds envelopes. Each Emit carries the payload and the
 // options the shell passes to events.New: a pre-assigned id from

@@ -44,6 +44,7 @@ type fx struct {
 	leading bool
 	self    map[string]events.CheckState            // node -> its self check "pbx"
 	peer    map[string]map[string]events.CheckState // observer -> target -> state
+	chans   map[string]int                          // node -> active channels its heartbeat reports (absent: unknown)
 	claims  map[string]string                       // group -> last claim command id
 	cmdIDs  map[string]bool                         // every id the core emitted
 	evIDs   map[string]bool                         // every event id fed to the core
@@ -64,7 +65,7 @@ func newFx(t testing.TB, cfg Config) *fx {
 	}
 	return &fx{t: t, c: c, cfg: cfg, now: t0, newEv: idGen('9'),
 		self: map[string]events.CheckState{}, peer: map[string]map[string]events.CheckState{},
-		claims: map[string]string{}, cmdIDs: map[string]bool{}, evIDs: map[string]bool{}}
+		claims: map[string]string{}, cmdIDs: map[string]bool{}, evIDs: map[string]bool{}, chans: map[string]int{}}
 }
 
 func (f *fx) lead(epoch uint64) {
@@ -99,7 +100,34 @@ func (f *fx) hb(node string) Output {
 	for target, s := range f.peer[node] {
 		checks["peer-"+target] = s
 	}
-	return f.handle(f.env(node, "prober"), events.NodeHeartbeat{Node: node, IntervalMS: 1000, Version: "test", Checks: checks})
+	hb := events.NodeHeartbeat{Node: node, IntervalMS: 1000, Version: "test", Checks: checks}
+	if n, ok := f.chans[node]; ok {
+		hb.ActiveChannels = &n
+	}
+	return f.handle(f.env(node, "prober"), hb)
+}
+
+// op sends an operator action through Operate, as the shell would.
+func (f *fx) op(verb events.OperatorVerb, group, node, reason string) (Reply, Output) {
+	id := f.newEv()
+	f.evIDs[id] = true
+	rep, out := f.c.Operate(f.now, Request{ID: id, OperatorRequest: events.OperatorRequest{Verb: verb, Group: group, Node: node,
+		Reason: reason, Operator: "alice@ops1"}})
+	f.check(out)
+	if f.onOut != nil {
+		f.onOut(out)
+	}
+	return rep, out
+}
+
+// permit delivers a failback permit valid over [from, until).
+func (f *fx) permit(group string, from, until time.Time) Output {
+	return f.handle(f.env("ctl1", "scheduler"), events.FailbackPermit{Group: group, Window: "nightly", ValidFrom: from, ValidUntil: until})
+}
+
+// repl delivers a replication report from node to peer.
+func (f *fx) repl(node, peer, tree string, caughtUp bool) Output {
+	return f.handle(f.env(node, "replicator"), events.ReplicationStatus{Node: node, Peer: peer, Tree: tree, CaughtUp: caughtUp})
 }
 
 func (f *fx) transition(observer, target, check string, role events.Role, to events.Health) (events.Envelope, events.HealthTransition) {
@@ -187,6 +215,11 @@ func (f *fx) check(out Output) {
 		}
 		f.last = append(f.last, built{env, e.Payload})
 		switch p := e.Payload.(type) {
+		case events.OperatorAction:
+			if i != 0 {
+				f.t.Fatalf("operator action record at position %d, want first", i)
+			}
+			f.cmdIDs[env.ID] = true
 		case events.ArbiterDecision:
 			if dec != nil && pos != len(dec.Commands) {
 				f.t.Fatalf("decision %s listed %d commands, %d followed", decID, len(dec.Commands), pos)
@@ -210,8 +243,11 @@ func (f *fx) check(out Output) {
 				f.t.Fatalf("command %s caused by %s, want its decision %s", env.ID, env.CausationID, decID)
 			}
 			var notAfter time.Time
+			want := ttl
 			if c, ok := p.(events.ClaimIP); ok {
-				notAfter = c.NotAfter
+				// A claim expires when the arbiter gives up on it, less the
+				// executor clock skew allowed (Config.ClaimTTL).
+				notAfter, want = c.NotAfter, f.c.cfg.ClaimTimeout-f.c.cfg.ClockSkew
 				f.claims[c.Group] = env.ID
 				if pos != len(dec.Commands) {
 					f.t.Fatalf("claim is not the last command of its decision: releases must come first")
@@ -219,8 +255,8 @@ func (f *fx) check(out Output) {
 			} else {
 				notAfter = p.(events.ReleaseIP).NotAfter
 			}
-			if !notAfter.Equal(f.now.Add(ttl)) {
-				f.t.Fatalf("command %s deadline %v, want now+%v", env.ID, notAfter, ttl)
+			if !notAfter.Equal(f.now.Add(want)) {
+				f.t.Fatalf("command %s deadline %v, want now+%v", env.ID, notAfter, want)
 			}
 			f.cmdIDs[env.ID] = true
 		default:
@@ -237,8 +273,12 @@ func summary(out Output) []string {
 	var s []string
 	for _, e := range out.Emits {
 		switch p := e.Payload.(type) {
+		case events.OperatorAction:
+			s = append(s, fmt.Sprintf("op %s accepted=%v", p.Verb, p.Accepted))
 		case events.ArbiterDecision:
 			switch {
+			case p.Action == events.ActionHold && p.NeedsHuman:
+				s = append(s, "HUMAN hold "+p.From)
 			case p.Action == events.ActionHold:
 				s = append(s, "hold "+p.From)
 			default:

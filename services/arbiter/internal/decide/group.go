@@ -57,6 +57,8 @@ func (c *Core) whyNot(g *groupState, n string, now time.Time) string {
 		return n + " silent"
 	case o == nil || o.health != events.HealthUp:
 		return n + " " + g.cfg.HealthCheck + " unknown"
+	case c.isStandby(n):
+		return n + " in standby"
 	case c.failedUntil(g, n, now):
 		return n + " claim just failed"
 	}
@@ -76,7 +78,7 @@ func (c *Core) failedUntil(g *groupState, n string, now time.Time) bool {
 // whose claim just failed.
 func (c *Core) best(g *groupState, now time.Time, skip string) string {
 	for _, n := range g.cfg.Nodes {
-		if n != skip && c.eligible(g, n, now) && !c.failedUntil(g, n, now) {
+		if n != skip && c.eligible(g, n, now) && !c.isStandby(n) && !c.failedUntil(g, n, now) {
 			return n
 		}
 	}
@@ -189,46 +191,249 @@ func (c *Core) evaluate(g *groupState, now time.Time, trig *ref, out *Output) {
 		}
 		return // otherwise wait for the executor's answer
 	}
+	frozen := c.frozenWhy(g)
 	h := g.holder
 	if h == "" {
+		if frozen != "" {
+			c.hold(g, "frozen-empty", "no holder, and "+frozen+": nothing is placed until a human unfreezes it",
+				with(c.allNodeCauses(g)...), nil, true, out)
+			return
+		}
 		c.place(g, now, with, out)
 		return
 	}
 	v := c.judgeHolder(g, h, now)
 	switch {
 	case v.down:
-		to := c.best(g, now, h)
-		if to == "" {
-			c.hold(g, "down-no-target:"+h, fmt.Sprintf("%s; no other eligible node (%s)", v.why, c.summary(g, now, h)), with(v.causes), nil, out)
+		if frozen != "" {
+			c.hold(g, "frozen-down:"+h, fmt.Sprintf("%s; %s: not replaced, a human must act", v.why, frozen), with(v.causes), nil, true, out)
 			return
 		}
+		to := c.best(g, now, h)
+		if to == "" {
+			c.hold(g, "down-no-target:"+h, fmt.Sprintf("%s; no other eligible node (%s)", v.why, c.summary(g, now, h)), with(v.causes), nil, false, out)
+			return
+		}
+		if c.capReached(g, now) {
+			c.freeze(g, "frozen-down:"+h, v.why, with(v.causes), out)
+			return
+		}
+		g.moves = append(g.moves, now)
 		c.move(g, now, events.ActionFailover, h, to,
 			fmt.Sprintf("%s; %s is the highest-priority eligible node", v.why, to),
 			with(v.causes, c.nodeCauses(g, to)), []string{h}, h, true, out)
 	case v.silent:
-		c.hold(g, v.key, v.why, with(v.causes), nil, out)
-	case g.cfg.Nodes[0] != h && c.eligible(g, g.cfg.Nodes[0], now):
-		if g.failbackTold {
-			return // once per holder's tenure: a flapping preferred node must not flood the audit stream
-		}
-		g.failbackTold = true
-		pref := g.cfg.Nodes[0]
-		c.hold(g, "failback:"+h+":"+pref,
-			fmt.Sprintf("preferred %s is eligible again while %s holds and is not down: failback needs a permit and is not automatic in this version", pref, h),
-			with(c.nodeCauses(g, pref)), nil, out)
+		c.hold(g, v.key, v.why, with(v.causes), nil, false, out)
+	case c.isStandby(h):
+		c.leaveStandby(g, h, now, with, frozen, out)
 	default:
-		g.situation, g.reason = "", ""
+		c.considerFailback(g, h, now, with, frozen, out)
 	}
+}
+
+// leaveStandby moves a group off a holder an operator put in standby, like
+// Pacemaker's standby: at once, without hold-down, since a human asked.
+func (c *Core) leaveStandby(g *groupState, h string, now time.Time, with func(...[]ref) []ref, frozen string, out *Output) {
+	causes := with([]ref{c.standby[h]})
+	if frozen != "" {
+		c.holdOnce(g, "standby-frozen:"+h, fmt.Sprintf("holder %s is in standby but %s: it keeps the group", h, frozen), causes, out)
+		return
+	}
+	to := c.best(g, now, h)
+	if to == "" {
+		c.holdOnce(g, "standby-no-target:"+h, fmt.Sprintf("holder %s is in standby but no other node is eligible (%s): it keeps the group",
+			h, c.summary(g, now, h)), causes, out)
+		return
+	}
+	c.move(g, now, events.ActionSwitchover, h, to, fmt.Sprintf("holder %s is in standby (operator); %s is the highest-priority eligible node", h, to),
+		append(causes, c.nodeCauses(g, to)...), []string{h}, h, true, out)
+}
+
+// considerFailback moves the group back to a more preferred node only when
+// every condition holds: a permit in force, past the hold-down, the target
+// stable, replication back to it caught up (when required), calls drained
+// (or the window closing with force), and the move cap not reached. Each
+// wait is explained once per tenure.
+func (c *Core) considerFailback(g *groupState, h string, now time.Time, with func(...[]ref) []ref, frozen string, out *Output) {
+	to := c.failbackTarget(g, h, now)
+	if to == "" {
+		g.situation, g.reason, g.human = "", "", false
+		return
+	}
+	pol := g.cfg.Failback
+	causes := with(c.nodeCauses(g, to))
+	key := func(k string) string { return "failback-" + k + ":" + h + ":" + to }
+	if frozen != "" {
+		c.holdOnce(g, key("frozen"), fmt.Sprintf("preferred %s is eligible again while %s holds; %s: no failback", to, h, frozen), causes, out)
+		return
+	}
+	p := g.permit
+	if p == nil || now.Before(p.from) || !now.Before(p.until) {
+		c.holdOnce(g, key("permit"), fmt.Sprintf("preferred %s is eligible again while %s holds and is not down: failback needs a permit (no failback window is open)", to, h),
+			causes, out)
+		return
+	}
+	causes = append(causes, p.cause)
+	if until := g.lastMove.Add(c.cfg.HoldDown); now.Before(until) {
+		c.holdOnce(g, key("hold-down"), fmt.Sprintf("failback to %s waits for the hold-down after the last move (until %s)", to, until.Format(time.RFC3339)), causes, out)
+		return
+	}
+	if since := c.stableSince(g, to); now.Sub(since) < pol.StableFor {
+		c.holdOnce(g, key("stable"), fmt.Sprintf("failback to %s waits until it has been healthy for %s (healthy since %s)",
+			to, pol.StableFor, since.Format(time.RFC3339)), causes, out)
+		return
+	}
+	if pol.RequireReplication {
+		ok, why, refs := c.replicated(g, h, to)
+		if !ok {
+			c.holdOnce(g, key("replication"), fmt.Sprintf("failback to %s waits for replication: %s", to, why), append(causes, refs...), out)
+			return
+		}
+		causes = append(causes, refs...)
+	}
+	forced := false
+	if pol.DrainMaxChannels >= 0 {
+		ch := c.nodes[h].channels
+		if ch == nil || *ch > pol.DrainMaxChannels {
+			busy := "its active channels are unknown (its prober does not report them)"
+			if ch != nil {
+				busy = fmt.Sprintf("it has %d active channels (limit %d)", *ch, pol.DrainMaxChannels)
+			}
+			closing := !now.Before(p.until.Add(-pol.ForceBefore))
+			if !(pol.OnWindowClose == WindowCloseForce && closing) {
+				c.holdOnce(g, key("drain"), fmt.Sprintf("failback to %s waits for %s to drain: %s; on window close: %s", to, h, busy, pol.OnWindowClose),
+					append(causes, c.nodes[h].hbRef), out)
+				return
+			}
+			forced = true
+		}
+		causes = append(causes, c.nodes[h].hbRef)
+	}
+	if c.capReached(g, now) {
+		c.freeze(g, key("frozen"), fmt.Sprintf("failback from %s to %s is due", h, to), causes, out)
+		g.told[key("frozen")] = true
+		return
+	}
+	reason := fmt.Sprintf("failback to preferred %s inside window %s: healthy for %s", to, p.window, now.Sub(c.stableSince(g, to)).Round(time.Second))
+	if pol.RequireReplication {
+		reason += ", replication caught up"
+	}
+	if forced {
+		reason += fmt.Sprintf("; FORCED with calls on %s because the window closes at %s", h, p.until.Format(time.RFC3339))
+	} else if pol.DrainMaxChannels >= 0 {
+		reason += ", calls drained"
+	}
+	g.moves = append(g.moves, now)
+	c.move(g, now, events.ActionFailback, h, to, reason, causes, []string{h}, h, true, out, func(d *events.ArbiterDecision) { d.Forced = forced })
+}
+
+// failbackTarget is the highest-priority node above the holder that could
+// take the group now: eligible, not in standby, not just failed.
+func (c *Core) failbackTarget(g *groupState, h string, now time.Time) string {
+	for _, n := range g.cfg.Nodes {
+		if n == h {
+			return ""
+		}
+		if c.eligible(g, n, now) && !c.isStandby(n) && !c.failedUntil(g, n, now) {
+			return n
+		}
+	}
+	return ""
+}
+
+// stableSince is since when n has been both healthy and heard without a
+// silence, on the arbiter's clock. A leader that just started counts from
+// its first sight of the node: it never assumes stability it did not see.
+func (c *Core) stableSince(g *groupState, n string) time.Time {
+	since := c.nodes[n].heardSince
+	if o := c.selfObs(g, n); o != nil && o.at.After(since) {
+		since = o.at
+	}
+	return since
+}
+
+// replicated reports whether every tree the holder replicated to the
+// target since the last move is caught up (and that there is at least one).
+func (c *Core) replicated(g *groupState, h, to string) (bool, string, []ref) {
+	type tr struct {
+		tree string
+		r    *replReport
+	}
+	var trees []tr
+	for k, r := range c.repl {
+		if k.node == h && k.peer == to && r.at.After(g.lastMove) {
+			trees = append(trees, tr{k.tree, r})
+		}
+	}
+	if len(trees) == 0 {
+		return false, fmt.Sprintf("no replication report from %s to %s since the last move", h, to), nil
+	}
+	slices.SortFunc(trees, func(a, b tr) int { return strings.Compare(a.tree, b.tree) })
+	var lagging []string
+	var refs []ref
+	for _, t := range trees {
+		refs = append(refs, t.r.cause)
+		if !t.r.caughtUp {
+			lagging = append(lagging, t.tree)
+		}
+	}
+	if len(lagging) > 0 {
+		return false, fmt.Sprintf("%s -> %s not caught up for %s", h, to, strings.Join(lagging, ", ")), refs
+	}
+	return true, "", refs
+}
+
+func (c *Core) isStandby(n string) bool {
+	_, ok := c.standby[n]
+	return ok
+}
+
+// frozenWhy says why the group makes no automatic move, or "".
+func (c *Core) frozenWhy(g *groupState) string {
+	switch {
+	case c.maintenance != "":
+		return "the cluster is in maintenance (" + c.maintenance + ")"
+	case g.maintenance != "":
+		return "group " + g.cfg.Name + " is in maintenance (" + g.maintenance + ")"
+	case g.flapFrozen != "":
+		return "group " + g.cfg.Name + " is frozen (" + g.flapFrozen + ")"
+	}
+	return ""
+}
+
+// capReached prunes the move history to the last hour and reports whether
+// another automatic move would exceed the cap.
+func (c *Core) capReached(g *groupState, now time.Time) bool {
+	cut := now.Add(-time.Hour)
+	i := 0
+	for i < len(g.moves) && !g.moves[i].After(cut) {
+		i++
+	}
+	g.moves = g.moves[i:]
+	return c.cfg.MaxMovesPerHour > 0 && len(g.moves) >= c.cfg.MaxMovesPerHour
+}
+
+// freeze stops automatic moves in the group and asks for a human.
+// key is the situation the group stays in while frozen, so the freeze is
+// not explained twice.
+func (c *Core) freeze(g *groupState, key, why string, causes []ref, out *Output) {
+	g.flapFrozen = fmt.Sprintf("%d automatic moves in the last hour, the most allowed", len(g.moves))
+	c.hold(g, key, fmt.Sprintf("%s, but group %s has moved %d times in the last hour (max %d): frozen against flapping; a human must look, then `fanctl maintenance off --group %s`",
+		why, g.cfg.Name, len(g.moves), c.cfg.MaxMovesPerHour, g.cfg.Name), causes, nil, true, out)
+}
+
+func (c *Core) allNodeCauses(g *groupState) [][]ref {
+	var causes [][]ref
+	for _, n := range g.cfg.Nodes {
+		causes = append(causes, c.nodeCauses(g, n))
+	}
+	return causes
 }
 
 func (c *Core) place(g *groupState, now time.Time, with func(...[]ref) []ref, out *Output) {
 	to := c.best(g, now, "")
 	if to == "" {
-		var causes [][]ref
-		for _, n := range g.cfg.Nodes {
-			causes = append(causes, c.nodeCauses(g, n))
-		}
-		c.hold(g, "no-candidate", "no holder and no eligible node ("+c.summary(g, now, "")+")", with(causes...), nil, out)
+		c.hold(g, "no-candidate", "no holder and no eligible node ("+c.summary(g, now, "")+")", with(c.allNodeCauses(g)...), nil, false, out)
 		return
 	}
 	if now.Sub(c.origin) < c.cfg.SettleAfter {
@@ -253,10 +458,15 @@ func (c *Core) retry(g *groupState, now time.Time, why string, causes []ref, out
 	p := g.pending
 	g.pending = nil
 	g.failed[p.node] = now.Add(c.cfg.RetryBackoff)
+	if frozen := c.frozenWhy(g); frozen != "" {
+		c.hold(g, "frozen-empty", fmt.Sprintf("%s; %s: released, no other claim, group has no holder", why, frozen),
+			causes, []string{p.node}, true, out)
+		return
+	}
 	to := c.best(g, now, p.node)
 	if to == "" {
 		c.hold(g, "no-candidate", fmt.Sprintf("%s; no other eligible node (%s): released, group has no holder", why, c.summary(g, now, p.node)),
-			causes, []string{p.node}, out)
+			causes, []string{p.node}, false, out)
 		return
 	}
 	c.move(g, now, events.ActionRetry, p.node, to, fmt.Sprintf("%s; trying %s", why, to),
@@ -267,9 +477,17 @@ func (c *Core) retry(g *groupState, now time.Time, why string, causes []ref, out
 // as outstanding. Every release is issued before the claim so that no node
 // is told to hold the address while another still is.
 func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to, reason string, causes []ref,
-	release []string, prev string, prevFenced bool, out *Output) {
+	release []string, prev string, prevFenced bool, out *Output, mods ...func(*events.ArbiterDecision)) {
 	causes = dedup(causes)
+	if prev == to {
+		// Moving back to the node that held it last (a retry after a
+		// failed failback): it is not its own previous holder.
+		prev, prevFenced = "", false
+	}
 	id, d, primary := c.decision(g, action, from, to, reason, causes, len(release)+1)
+	for _, m := range mods {
+		m(&d)
+	}
 	notAfter := now.Add(c.cfg.CommandTTL)
 	corr := corrOf(primary)
 	c.emit(out, id, d, primary)
@@ -279,9 +497,10 @@ func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to
 			Reason: fmt.Sprintf("%s to %s", action, to)}, cause)
 	}
 	claimID := d.Commands[len(release)]
-	c.emitCommand(out, claimID, events.ClaimIP{Group: g.cfg.Name, Node: to, Addresses: g.cfg.Addresses, NotAfter: notAfter,
+	// Claims expire when the arbiter gives up on them (see Config.ClaimTTL).
+	c.emitCommand(out, claimID, events.ClaimIP{Group: g.cfg.Name, Node: to, Addresses: g.cfg.Addresses, NotAfter: now.Add(c.cfg.ClaimTTL()),
 		PreviousHolder: prev, PreviousHolderFenced: prev != "" && prevFenced}, cause)
-	if action == events.ActionFailover {
+	if from != "" && len(release) > 0 && release[0] == from && action != events.ActionRetry {
 		// It has been told to release: the next claims (retries, or a later
 		// placement) may name it as fenced.
 		g.lastHolder, g.lastFenced = from, true
@@ -290,13 +509,13 @@ func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to
 	g.pending = &claim{node: to, cmdID: claimID, corr: corr, deadline: now.Add(c.cfg.ClaimTimeout), action: action,
 		prevHolder: prev, prevFenced: prevFenced}
 	g.lastMove = now
-	g.situation, g.reason = "", ""
-	g.failbackTold = false
+	g.situation, g.reason, g.human = "", "", false
+	clear(g.told)
 }
 
 // hold explains why nothing moves, once per situation. A hold that releases
 // a failed claimant is always emitted: a command must never go unexplained.
-func (c *Core) hold(g *groupState, key, reason string, causes []ref, release []string, out *Output) {
+func (c *Core) hold(g *groupState, key, reason string, causes []ref, release []string, human bool, out *Output) {
 	if len(release) == 0 && key == g.situation {
 		return
 	}
@@ -304,14 +523,30 @@ func (c *Core) hold(g *groupState, key, reason string, causes []ref, release []s
 	if len(causes) == 0 {
 		return // nothing to cite (a Tick with no evidence): wait for an event that explains it
 	}
-	g.situation, g.reason = key, reason
+	g.situation, g.reason, g.human = key, reason, human
 	from := g.holder
 	id, d, primary := c.decision(g, events.ActionHold, from, "", reason, causes, len(release))
+	d.NeedsHuman = human
 	c.emit(out, id, d, primary)
 	cause := ref{id: id, corr: corrOf(primary)}
 	for i, n := range release {
 		c.emitCommand(out, d.Commands[i], events.ReleaseIP{Group: g.cfg.Name, Node: n, Addresses: g.cfg.Addresses,
 			NotAfter: c.now.Add(c.cfg.CommandTTL), Reason: reason}, cause)
+	}
+}
+
+// holdOnce is hold for waits that may come and go with a flapping node:
+// each is explained at most once per holder's tenure and term, so a flap
+// cannot flood the audit stream; the status still shows the current one.
+func (c *Core) holdOnce(g *groupState, key, reason string, causes []ref, out *Output) {
+	if g.told[key] {
+		g.situation, g.reason, g.human = key, reason, false
+		return
+	}
+	before := len(out.Emits)
+	c.hold(g, key, reason, causes, nil, false, out)
+	if len(out.Emits) > before {
+		g.told[key] = true
 	}
 }
 

@@ -37,7 +37,18 @@ type world struct {
 	seed      uint64
 
 	failbackTold map[string]bool // group -> failback hold said during this tenure and term
+
+	// Operator and scheduler inputs, as the model knows them.
+	permits     map[string][2]time.Time // group -> [from, until) of the last permit delivered
+	standby     map[string]bool
+	maintenance map[string]bool // group name, or "" for the cluster
+	opID        string          // the operator action being handled, while it is
+	autoMoves   map[string][]time.Time
+	stats       map[string]int // what the generator exercised, so a tame run fails
 }
+
+// randCap is the randomized test's move cap: low enough to be reached.
+const randCap = 3
 
 // fail names the seed and step so a failure can be replayed.
 func (w *world) fail(format string, args ...any) {
@@ -59,8 +70,17 @@ func newWorld(t *testing.T, seed uint64) *world {
 		toldSelf: map[string]events.Health{}, toldPeer: map[[2]string]events.Health{}, lastHB: map[string]time.Time{},
 		claimed: map[string]map[string]bool{}, confirmed: map[string]string{}, answered: map[string]bool{}, allClaims: map[string][]claimRec{},
 		failbackTold: map[string]bool{},
+		permits:      map[string][2]time.Time{}, standby: map[string]bool{}, maintenance: map[string]bool{},
+		autoMoves: map[string][]time.Time{}, stats: map[string]int{},
 	}
-	w.f = newFx(t, testConfig(randGroups...))
+	cfg := testConfig(randGroups...)
+	cfg.MaxMovesPerHour = randCap
+	cfg.Groups = append([]Group(nil), cfg.Groups...)
+	for i := range cfg.Groups {
+		// Short enough for failbacks to happen within a sequence.
+		cfg.Groups[i].Failback = FailbackPolicy{StableFor: 5 * time.Second, DrainMaxChannels: 1, OnWindowClose: WindowCloseForce, ForceBefore: 3 * time.Second}
+	}
+	w.f = newFx(t, cfg)
 	w.f.onOut = w.verify
 	for _, n := range w.nodes {
 		w.pbxUp[n], w.onBus[n] = true, true
@@ -162,20 +182,58 @@ func (w *world) verify(out Output) {
 	// The holder as confirmed before this Output: a move releases it first,
 	// and that release must not make the move look like anything but a move.
 	before := maps.Clone(w.confirmed)
+	var dec events.ArbiterDecision
 	for _, e := range out.Emits {
 		switch p := e.Payload.(type) {
+		case events.OperatorAction:
+			if p.Accepted && p.Verb == events.OpMaintenanceOff && p.Group != "" {
+				delete(w.autoMoves, p.Group) // a human looked: the count starts again
+			}
 		case events.ArbiterDecision:
+			dec = p
+			byOperator := w.opID != "" && p.CausedBy[0] == w.opID
+			w.stats[string(p.Action)]++
+			if p.NeedsHuman {
+				w.stats["needs_human"]++
+			}
+			if p.Action != events.ActionHold && !byOperator && (w.maintenance[""] || w.maintenance[p.Group]) {
+				w.fail("automatic %s of %s while in maintenance: %q", p.Action, p.Group, p.Reason)
+			}
+			if p.Action == events.ActionFailback && !byOperator {
+				pm, ok := w.permits[p.Group]
+				if !ok || w.f.now.Before(pm[0]) || !w.f.now.Before(pm[1]) {
+					w.fail("failback of %s outside a permitted window (permit %v, now %v)", p.Group, pm, w.f.now)
+				}
+			}
+			if (p.Action == events.ActionFailover || p.Action == events.ActionFailback) && !byOperator {
+				// The cap: never more than randCap automatic moves in any hour.
+				recent := w.autoMoves[p.Group][:0:0]
+				for _, at := range w.autoMoves[p.Group] {
+					if w.f.now.Sub(at) < time.Hour {
+						recent = append(recent, at)
+					}
+				}
+				if len(recent) >= randCap {
+					w.fail("automatic move %d of %s within an hour, cap %d: %q", len(recent)+1, p.Group, randCap, p.Reason)
+				}
+				w.autoMoves[p.Group] = append(recent, w.f.now)
+			}
 			// No event storms: "failback needs a permit" is said at most once
 			// per holder's tenure (a move or a new term starts a new one),
 			// however often the preferred node flaps.
 			if p.Action == events.ActionHold && strings.Contains(p.Reason, "failback needs a permit") {
-				if w.failbackTold[p.Group] {
-					w.fail("failback hold for %s repeated within one tenure: %q", p.Group, p.Reason)
+				k := p.Group + "/" + strings.Fields(p.Reason[strings.Index(p.Reason, "preferred "):])[1]
+				if w.failbackTold[k] {
+					w.fail("failback hold for %s repeated within one tenure: %q", k, p.Reason)
 				}
-				w.failbackTold[p.Group] = true
+				w.failbackTold[k] = true
 			}
 			if p.Action != events.ActionHold {
-				delete(w.failbackTold, p.Group)
+				for k := range w.failbackTold {
+					if strings.HasPrefix(k, p.Group+"/") {
+						delete(w.failbackTold, k)
+					}
+				}
 			}
 		case events.ReleaseIP:
 			delete(w.claimed[p.Group], p.Node)
@@ -192,8 +250,17 @@ func (w *world) verify(out Output) {
 				w.fail("claim %s on %s, which is not healthy (told %s, last heartbeat %v ago)",
 					p.Group, p.Node, w.toldSelf[p.Node], w.f.now.Sub(w.lastHB[p.Node]))
 			}
+			if w.standby[p.Node] {
+				w.fail("claim %s on %s, which an operator put in standby", p.Group, p.Node)
+			}
+			// Away from a confirmed holder that is fine: only a failback in a
+			// window (checked above), an operator's word, or leaving a
+			// standby holder.
 			if h, ok := before[p.Group]; ok && h != p.Node && !w.holderDown(h) {
-				w.fail("failback: claim %s on %s while the confirmed holder %s is not down", p.Group, p.Node, h)
+				byOperator := w.opID != "" && dec.CausedBy[0] == w.opID
+				if dec.Action != events.ActionFailback && !byOperator && !w.standby[h] {
+					w.fail("%s: claim %s on %s while the confirmed holder %s is not down", dec.Action, p.Group, p.Node, h)
+				}
 			}
 			w.claimed[p.Group][p.Node] = true
 			delete(w.confirmed, p.Group)
@@ -295,14 +362,82 @@ func (w *world) step() {
 		f.tick(0)
 	case k < 90: // an executor answers
 		w.answer(randGroups[r.IntN(len(randGroups))].Name)
-	case k < 95:
+	case k < 92:
 		w.handover()
+	case k < 94: // the scheduler opens a window (possibly already over, or not yet begun)
+		g := randGroups[r.IntN(len(randGroups))].Name
+		from := f.now.Add(time.Duration(r.IntN(20)-10) * time.Second)
+		until := from.Add(time.Duration(5+r.IntN(40)) * time.Second)
+		w.permits[g] = [2]time.Time{from, until}
+		f.permit(g, from, until)
+	case k < 96: // calls come and go on a node, reported by its next heartbeat
+		f.chans[n] = r.IntN(3)
+	case k < 97: // the replicator reports (not required here: it must not disturb anything)
+		f.repl(n, w.nodes[r.IntN(len(w.nodes))], "/etc/asterisk", r.IntN(2) == 0)
+	case k < 99: // an operator acts
+		w.operate()
 	default: // a node of another group or cluster speaks
 		out := f.handle(f.env("n9", "prober"), events.NodeHeartbeat{Node: "n9", IntervalMS: 1000, Version: "x",
 			Checks: map[string]events.CheckState{"pbx": {TargetNode: "n9", Role: events.RoleSelf, Health: events.HealthUp}}})
 		if len(out.Emits) != 0 {
 			w.fail("an unknown node caused %q", summary(out))
 		}
+	}
+}
+
+func (w *world) operate() {
+	f, r := w.f, w.rng
+	g := randGroups[r.IntN(len(randGroups))].Name
+	n := w.nodes[r.IntN(len(w.nodes))]
+	var verb events.OperatorVerb
+	group, node := g, ""
+	switch r.IntN(7) {
+	case 0:
+		verb, node = events.OpSwitchover, n
+	case 1:
+		verb = events.OpFailback
+	case 2, 3:
+		verb = events.OpMaintenanceOn
+		if r.IntN(2) == 0 {
+			group = ""
+		}
+	case 4:
+		verb = events.OpMaintenanceOff
+		if r.IntN(2) == 0 {
+			group = ""
+		}
+	case 5:
+		verb, group, node = events.OpNodeStandby, "", n
+	default:
+		verb, group, node = events.OpNodeActive, "", n
+	}
+	id := f.newEv()
+	f.evIDs[id] = true
+	w.opID = id
+	// The model learns maintenance and standby before verifying the
+	// output, because the core applies them before it decides.
+	if f.leading {
+		switch verb {
+		case events.OpMaintenanceOn:
+			w.maintenance[group] = true
+		case events.OpMaintenanceOff:
+			delete(w.maintenance, group)
+		case events.OpNodeStandby:
+			w.standby[node] = true
+		case events.OpNodeActive:
+			delete(w.standby, node)
+		}
+	}
+	rep, out := f.c.Operate(f.now, Request{ID: id, OperatorRequest: events.OperatorRequest{Verb: verb, Group: group, Node: node,
+		Reason: "random", Operator: "rand"}})
+	f.check(out)
+	w.verify(out)
+	w.opID = ""
+	if rep.Accepted {
+		w.stats["op_"+string(verb)]++
+	}
+	if !f.leading && (rep.Accepted || len(out.Emits) > 0) {
+		w.fail("a follower accepted %s", verb)
 	}
 }
 
@@ -315,11 +450,12 @@ func (w *world) step() {
 // and — through fx.check — epochs, deadlines, causation and leadership.
 // A failure names its seed: rerun with that seed to reproduce it.
 func TestRandomized(t *testing.T) {
-	sequences, length := 2000, 60
+	sequences, length := 2000, 100
 	if testing.Short() {
 		sequences = 300
 	}
 	moves := 0
+	total := map[string]int{}
 	for seed := range uint64(sequences) {
 		w := newWorld(t, seed)
 		func() {
@@ -335,10 +471,18 @@ func TestRandomized(t *testing.T) {
 		for _, g := range randGroups {
 			moves += len(w.allClaims[g.Name])
 		}
+		for k, v := range w.stats {
+			total[k] += v
+		}
 	}
 	// The generator must actually exercise moves, or the invariants prove nothing.
 	if moves < sequences {
 		t.Fatalf("only %d claims over %d sequences: the generator is too tame", moves, sequences)
 	}
-	t.Logf("%d sequences, %d claims", sequences, moves)
+	for _, k := range []string{"failover", "failback", "switchover", "retry", "needs_human", "op_node_standby", "op_maintenance_on"} {
+		if total[k] < sequences/100 {
+			t.Fatalf("the generator exercised %s only %d times: %v", k, total[k], total)
+		}
+	}
+	t.Logf("%d sequences, %d claims, %v", sequences, moves, total)
 }

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -18,6 +19,16 @@ type State struct {
 	Leading bool         `json:"leading"`
 	At      time.Time    `json:"at"` // the last time the core was given
 	Groups  []GroupState `json:"groups"`
+	// Maintenance is the operator's cluster-wide freeze (its reason). Restored.
+	Maintenance string `json:"maintenance,omitempty"`
+	// Standby lists the nodes an operator put in standby. Restored.
+	Standby []StandbyNode `json:"standby,omitempty"`
+}
+
+// StandbyNode is a node in standby and the operator action that put it there.
+type StandbyNode struct {
+	Node    string `json:"node"`
+	EventID string `json:"event_id"`
 }
 
 // GroupState is one group's standing.
@@ -30,7 +41,12 @@ type GroupState struct {
 	LastMove             time.Time    `json:"last_move,omitzero"`               // restored
 	HoldDownUntil        time.Time    `json:"hold_down_until,omitzero"`         // informational
 	Situation            string       `json:"situation,omitempty"`              // the last hold explained
-	Permit               *Permit      `json:"permit,omitempty"`                 // last failback permit seen (not acted on)
+	NeedsHuman           bool         `json:"needs_human,omitempty"`            // informational: the standing hold asks for a human
+	Permit               *Permit      `json:"permit,omitempty"`                 // restored: last failback permit seen
+	Maintenance          string       `json:"maintenance,omitempty"`            // restored: operator's freeze of the group
+	FlapFrozen           string       `json:"flap_frozen,omitempty"`            // restored: the move cap's freeze
+	Moves                []time.Time  `json:"moves,omitempty"`                  // restored: automatic moves in the last hour
+	Frozen               string       `json:"frozen,omitempty"`                 // informational: why no automatic move, if frozen
 	Nodes                []NodeStatus `json:"nodes,omitempty"`                  // informational
 }
 
@@ -62,17 +78,23 @@ type NodeStatus struct {
 	LastHeartbeat time.Time     `json:"last_heartbeat,omitzero"`
 	Silent        bool          `json:"silent"`
 	Eligible      bool          `json:"eligible"`
+	Standby       bool          `json:"standby,omitempty"`
+	StableSince   time.Time     `json:"stable_since,omitzero"` // healthy and heard since (arbiter's clock)
 	FailedUntil   time.Time     `json:"failed_until,omitzero"`
 }
 
 // Snapshot returns the state as of the last time the core was given.
 func (c *Core) Snapshot() State {
 	now := c.now
-	s := State{Cluster: c.cfg.Cluster, Epoch: c.epoch, Leading: c.leading, At: now}
+	s := State{Cluster: c.cfg.Cluster, Epoch: c.epoch, Leading: c.leading, At: now, Maintenance: c.maintenance}
+	for _, n := range slices.Sorted(maps.Keys(c.standby)) {
+		s.Standby = append(s.Standby, StandbyNode{Node: n, EventID: c.standby[n].id})
+	}
 	for _, g := range c.groups {
 		gs := GroupState{
 			Name: g.cfg.Name, Holder: g.holder, PreviousHolder: g.lastHolder, PreviousHolderFenced: g.lastFenced,
-			LastMove: g.lastMove, Situation: g.reason,
+			LastMove: g.lastMove, Situation: g.reason, NeedsHuman: g.human,
+			Maintenance: g.maintenance, FlapFrozen: g.flapFrozen, Moves: slices.Clone(g.moves), Frozen: c.frozenWhy(g),
 		}
 		if !g.lastMove.IsZero() {
 			gs.HoldDownUntil = g.lastMove.Add(c.cfg.HoldDown)
@@ -85,13 +107,16 @@ func (c *Core) Snapshot() State {
 			gs.Permit = &Permit{Window: p.window, ValidFrom: p.from, ValidUntil: p.until, EventID: p.cause.id}
 		}
 		for _, n := range g.cfg.Nodes {
-			st := NodeStatus{Node: n, Health: events.HealthUnknown, LastHeartbeat: c.nodes[n].lastHB}
+			st := NodeStatus{Node: n, Health: events.HealthUnknown, LastHeartbeat: c.nodes[n].lastHB, Standby: c.isStandby(n)}
 			if o := c.selfObs(g, n); o != nil {
 				st.Health = o.health
 			}
 			if !now.IsZero() {
 				st.Silent = c.silent(n, now)
-				st.Eligible = c.eligible(g, n, now)
+				st.Eligible = c.eligible(g, n, now) && !st.Standby
+				if st.Eligible {
+					st.StableSince = c.stableSince(g, n)
+				}
 			}
 			if until, ok := g.failed[n]; ok && now.Before(until) {
 				st.FailedUntil = until
@@ -131,7 +156,18 @@ func (c *Core) Restore(s State) error {
 		if gs.Claim != nil && gs.Claim.CommandID == "" {
 			return fmt.Errorf("restore: group %s: claim without a command id", gs.Name)
 		}
+		if !slices.IsSortedFunc(gs.Moves, func(a, b time.Time) int { return a.Compare(b) }) {
+			return fmt.Errorf("restore: group %s: move history out of order", gs.Name)
+		}
 		todo = append(todo, restored{g, gs})
+	}
+	for _, sb := range s.Standby {
+		if c.nodes[sb.Node] == nil {
+			continue // no longer configured: nothing to keep off
+		}
+		if sb.EventID == "" {
+			return fmt.Errorf("restore: standby node %s without its cause", sb.Node)
+		}
 	}
 	// Validated first, applied after: a refused state leaves the core untouched.
 	for _, r := range todo {
@@ -143,9 +179,27 @@ func (c *Core) Restore(s State) error {
 			g.pending = &claim{node: cl.Node, cmdID: cl.CommandID, corr: cl.CorrelationID, deadline: cl.Deadline,
 				action: cl.Action, prevHolder: cl.PreviousHolder, prevFenced: cl.PreviousHolderFenced}
 			g.holder = ""
+			// Confirmed while this core was following: take it as confirmed.
+			if r, ok := c.results[cl.CommandID]; ok && r.node == cl.Node &&
+				(r.outcome == events.OutcomeApplied || r.outcome == events.OutcomeDuplicate) {
+				g.holder, g.pending = cl.Node, nil
+			}
 		}
 		clear(g.failed)
-		g.situation, g.reason = "", ""
+		clear(g.told)
+		g.situation, g.reason, g.human = "", "", false
+		g.maintenance, g.flapFrozen, g.moves = gs.Maintenance, gs.FlapFrozen, slices.Clone(gs.Moves)
+		g.permit = nil
+		if p := gs.Permit; p != nil && p.EventID != "" {
+			g.permit = &permit{window: p.Window, from: p.ValidFrom, until: p.ValidUntil, cause: ref{id: p.EventID}}
+		}
+	}
+	c.maintenance = s.Maintenance
+	clear(c.standby)
+	for _, sb := range s.Standby {
+		if c.nodes[sb.Node] != nil {
+			c.standby[sb.Node] = ref{id: sb.EventID}
+		}
 	}
 	if s.Epoch > c.maxEpoch {
 		c.maxEpoch = s.Epoch // never lead under a term older than the one we restored from

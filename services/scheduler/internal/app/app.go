@@ -1,29 +1,39 @@
-// Package app wires the scheduler. For now it only joins the bus and
-// announces itself: failback windows come with the arbiter's failback policy.
-// Until then no permit is ever published, so nothing fails back.
+// Package app wires the scheduler: it turns each group's failback windows
+// into FailbackPermit ticks while a window is open, arming one exact timer
+// for the next edge (window opening, next tick, window end) instead of
+// polling. Permits carry a deterministic id, so several instances publish
+// each tick once between them. No scheduler, no permit: the arbiter never
+// fails back on its own.
 package app
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"log/slog"
+	"time"
+	_ "time/tzdata" // named zones must resolve in a FROM scratch image too
 
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/scheduler/internal/permit"
+	"github.com/fanpbx/fan/services/scheduler/internal/window"
 )
 
-// Config is the scheduler's configuration file.
-type Config struct {
-	daemon.Common `yaml:",inline"`
-}
+// maxSleep re-arms the timer at least this often: timers run on the
+// monotonic clock, and a wall-clock step (NTP, a resumed VM) must not
+// delay a window's opening by more than this.
+const maxSleep = time.Hour
 
-// Validate checks the file after loading.
-func (c *Config) Validate() error { return c.Common.Validate() }
-
-// Service is a running scheduler.
+// Service is a configured scheduler.
 type Service struct {
-	cfg     Config
-	log     *slog.Logger
-	version string
+	cfg       Config
+	log       *slog.Logger
+	version   string
+	schedules map[string]window.Schedule
+	now       func() time.Time
 }
 
 // Build loads the configuration; it starts nothing.
@@ -32,13 +42,99 @@ func Build(o daemon.Options) (daemon.Service, error) {
 	if err := config.Load(o.ConfigPath, &cfg); err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, log: o.Logger.With("node", cfg.Node), version: o.Version}, nil
+	return New(cfg, o.Logger, o.Version)
 }
 
-// Run joins the bus, announces the service and waits for the stop signal.
+// New builds a scheduler from a validated configuration.
+func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
+	sch, err := cfg.schedules()
+	if err != nil {
+		return nil, err
+	}
+	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, schedules: sch, now: time.Now}, nil
+}
+
+// Run joins the bus and emits permits until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
-	return daemon.Serve(ctx, s.cfg.Common, "scheduler", s.version, s.log, func(ctx context.Context, _ *daemon.Runtime) error {
-		<-ctx.Done()
-		return nil
+	return daemon.Serve(ctx, s.cfg.Common, "scheduler", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
+		return s.loop(ctx, rt.Bus)
 	})
+}
+
+func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
+	kv, err := b.StateKV(ctx)
+	if err != nil {
+		return err
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-timer.C:
+		}
+		now := s.now()
+		wake := now.Add(maxSleep)
+		for _, g := range s.cfg.Groups {
+			tick, next := s.schedules[g.Name].At(now, s.cfg.TickEvery.D())
+			if next.Before(wake) {
+				wake = next
+			}
+			if tick != nil {
+				s.publish(ctx, b, g.Name, tick)
+			}
+		}
+		s.writePlan(ctx, kv, b.Source().Node, now)
+		timer.Reset(max(wake.Sub(s.now()), time.Millisecond))
+	}
+}
+
+// publish emits one tick. Every instance builds the same envelope id for
+// the same tick, so the stream keeps one copy. A failed publish is not
+// retried here: the next tick restates the permit.
+func (s *Service) publish(ctx context.Context, b *bus.Bus, group string, t *window.Tick) {
+	p := events.FailbackPermit{Group: group, Window: t.Range.Name, ValidFrom: t.Start, ValidUntil: t.Range.End}
+	id := permit.ID(s.cfg.Cluster, group, t.Range.Name, t.Start)
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := b.Emit(pctx, p, events.WithID(id), events.At(t.Start)); err != nil {
+		s.log.Warn("failback permit not published", "group", group, "window", t.Range.Name, "tick", t.Start, "err", err)
+		return
+	}
+	s.log.Debug("failback permit", "group", group, "window", t.Range.Name, "valid_until", t.Range.End, "event_id", id)
+}
+
+// Plan computes what `fanctl windows` shows: each group's open window and next ones.
+func (s *Service) Plan(now time.Time, node string) events.SchedulePlan {
+	plan := events.SchedulePlan{Cluster: s.cfg.Cluster, UpdatedAt: now.UTC(), UpdatedBy: node}
+	for _, g := range s.cfg.Groups {
+		gs := events.GroupSchedule{Group: g.Name, Windows: []events.PlannedWindow{}}
+		for _, r := range s.schedules[g.Name].Next(now, s.cfg.PlanAhead) {
+			pw := events.PlannedWindow{Window: r.Name, Start: r.Start, End: r.End, TimeZone: r.Start.Location().String(), Kind: r.Kind}
+			if !now.Before(r.Start) {
+				open := pw
+				gs.Open = &open
+				continue
+			}
+			gs.Windows = append(gs.Windows, pw)
+		}
+		plan.Groups = append(plan.Groups, gs)
+	}
+	return plan
+}
+
+func (s *Service) writePlan(ctx context.Context, kv interface {
+	Put(context.Context, string, []byte) (uint64, error)
+}, node string, now time.Time) {
+	b, err := json.Marshal(s.Plan(now, node))
+	if err != nil {
+		s.log.Error("encode plan", "err", err)
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	if _, err := kv.Put(pctx, events.ScheduleKey(s.cfg.Cluster), b); err != nil {
+		s.log.Warn("plan not written", "err", fmt.Errorf("put %s: %w", events.ScheduleKey(s.cfg.Cluster), err))
+	}
 }

@@ -1,0 +1,177 @@
+package fanctl_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/cmd/internal/fanctl"
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/nats-io/nats.go"
+)
+
+// TestExplainWalksBackToTheProbes builds the chain an auditor follows:
+// result -> claim -> decision -> (transition with its probe evidence, heartbeat).
+func TestExplainWalksBackToTheProbes(t *testing.T) {
+	s := bustest.Server(t)
+	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "prober", Node: "n1"})
+	ctx := context.Background()
+	now := time.Now()
+	hb, err := b.Emit(ctx, events.NodeHeartbeat{Node: "n2", IntervalMS: 1000, Version: "t"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	down, err := b.Emit(ctx, events.HealthTransition{Check: "pbx", TargetNode: "n1", Role: events.RoleSelf, From: events.HealthUp,
+		To: events.HealthDown, Reason: "3 consecutive failures", Consecutive: 3, Rise: 2, Fall: 3,
+		Evidence: []events.Evidence{{At: now, Error: "action Command: deadline exceeded", ErrorClass: events.ErrorTimeout, DurationMS: 200}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec, err := b.Emit(ctx, events.ArbiterDecision{Group: "pbx", Action: events.ActionFailover, From: "n1", To: "n2",
+		Reason: "holder n1 reports pbx down", CausedBy: []string{down.ID, hb.ID}}, events.CausedBy(down), events.WithEpoch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim, err := b.Emit(ctx, events.ClaimIP{Group: "pbx", Node: "n2", Addresses: []string{"198.51.100.10/24"}, NotAfter: now.Add(5 * time.Second)},
+		events.CausedBy(dec), events.WithEpoch(4))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := b.Emit(ctx, events.CommandResult{CommandID: claim.ID, CommandType: events.TypeClaimIP, Node: "n2", Group: "pbx",
+		Outcome: events.OutcomeApplied}, events.CausedBy(claim))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The command's copy reaches the audit stream through its source: wait for it.
+	deadline := time.Now().Add(5 * time.Second)
+	var out, errb bytes.Buffer
+	for {
+		out.Reset()
+		errb.Reset()
+		code := fanctl.Main([]string{"--url", s.ClientURL(), "--cluster", "lab", "explain", res.ID}, &out, &errb, "t")
+		if code == 0 && strings.Contains(out.String(), "FAILOVER") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	want := []struct {
+		indent int
+		has    string
+	}{
+		{0, "command.result"}, {1, "command.claim_ip"}, {2, "FAILOVER n1->n2"}, {3, "health.transition"},
+		{4, "probe"}, {3, "node.heartbeat"},
+	}
+	if len(lines) != len(want) {
+		t.Fatalf("explain printed %d lines:\n%s", len(lines), out.String())
+	}
+	for i, w := range want {
+		ind := len(lines[i]) - len(strings.TrimLeft(lines[i], " "))
+		if ind != 2*w.indent || !strings.Contains(lines[i], w.has) {
+			t.Fatalf("line %d %q: want indent %d and %q\n%s", i, lines[i], w.indent, w.has, out.String())
+		}
+	}
+	if !strings.Contains(lines[4], "deadline exceeded") {
+		t.Fatalf("probe evidence missing: %q", lines[4])
+	}
+	if code := fanctl.Main([]string{"--url", s.ClientURL(), "explain", "not-an-id"}, &out, &errb, "t"); code == 0 {
+		t.Fatal("a bad id was accepted")
+	}
+}
+
+func TestWindowsPrintsThePlan(t *testing.T) {
+	s := bustest.Server(t)
+	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "scheduler", Node: "ctl"})
+	ctx := context.Background()
+	var out, errb bytes.Buffer
+	if code := fanctl.Main([]string{"--url", s.ClientURL(), "windows"}, &out, &errb, "t"); code != 0 || !strings.Contains(out.String(), "nothing fails back") {
+		t.Fatalf("no plan: exit %d %q", code, out.String())
+	}
+	start := time.Now().Add(3 * time.Hour)
+	plan := events.SchedulePlan{Cluster: "lab", UpdatedAt: time.Now(), UpdatedBy: "ctl", Groups: []events.GroupSchedule{{Group: "pbx",
+		Windows: []events.PlannedWindow{{Window: "nightly", Start: start, End: start.Add(3 * time.Hour), TimeZone: "Europe/Berlin", Kind: "weekly"}}}}}
+	v, _ := json.Marshal(plan)
+	kv, err := b.StateKV(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, events.ScheduleKey("lab"), v); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := fanctl.Main([]string{"--url", s.ClientURL(), "--cluster", "lab", "windows"}, &out, &errb, "t"); code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	for _, want := range []string{"pbx", "nightly", "Europe/Berlin", "in 3h0m0s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Fatalf("windows lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestOperatorCommands checks fanctl's side of the request-reply: what it
+// sends (verb, target, reason, who), how it reports an accepted and a
+// refused action, and that it fails clearly when no arbiter answers.
+func TestOperatorCommands(t *testing.T) {
+	s := bustest.Server(t)
+	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
+	got := make(chan events.OperatorRequest, 8)
+	sub, err := b.NC.Subscribe(events.OperatorRequestSubject("lab"), func(m *nats.Msg) {
+		var r events.OperatorRequest
+		_ = json.Unmarshal(m.Data, &r)
+		got <- r
+		rep := events.OperatorReply{Accepted: r.Node != "n9", Message: "ok", EventID: "0193a1b2-0000-7000-8000-000000000001", Epoch: 3}
+		data, _ := json.Marshal(rep)
+		_ = m.Respond(data)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	run := func(args ...string) (int, string) {
+		var out, errb bytes.Buffer
+		code := fanctl.Main(append([]string{"--url", s.ClientURL(), "--cluster", "lab"}, args...), &out, &errb, "t")
+		return code, out.String() + errb.String()
+	}
+	cases := []struct {
+		args []string
+		want events.OperatorRequest
+	}{
+		{[]string{"switchover", "--to", "n2", "--reason", "patching", "--as", "alice"}, events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching", Operator: "alice"}},
+		{[]string{"failback", "--now", "--reason", "customer asked", "--group", "pbx", "--as", "bob"}, events.OperatorRequest{Verb: events.OpFailback, Group: "pbx", Reason: "customer asked", Operator: "bob"}},
+		{[]string{"maintenance", "on", "--as", "carol"}, events.OperatorRequest{Verb: events.OpMaintenanceOn, Operator: "carol"}},
+		{[]string{"maintenance", "off", "--group", "pbx", "--as", "carol"}, events.OperatorRequest{Verb: events.OpMaintenanceOff, Group: "pbx", Operator: "carol"}},
+		{[]string{"node", "standby", "n1", "--reason", "disk", "--as", "dave"}, events.OperatorRequest{Verb: events.OpNodeStandby, Node: "n1", Reason: "disk", Operator: "dave"}},
+		{[]string{"node", "active", "n1", "--as", "dave"}, events.OperatorRequest{Verb: events.OpNodeActive, Node: "n1", Operator: "dave"}},
+	}
+	for _, c := range cases {
+		code, out := run(c.args...)
+		if code != 0 || !strings.Contains(out, "accepted") {
+			t.Fatalf("%v: exit %d %s", c.args, code, out)
+		}
+		if r := <-got; r != c.want {
+			t.Fatalf("%v sent %+v, want %+v", c.args, r, c.want)
+		}
+	}
+	if code, out := run("switchover", "--to", "n9", "--as", "x"); code != 3 || !strings.Contains(out, "REFUSED") {
+		t.Fatalf("refused action: exit %d %s", code, out)
+	}
+	<-got
+	for _, bad := range [][]string{{"failback", "--reason", "x"}, {"failback", "--now"}, {"maintenance", "maybe"}, {"node", "standby"}, {"switchover"}} {
+		if code, _ := run(bad...); code == 0 {
+			t.Errorf("%v: exit 0", bad)
+		}
+	}
+	sub.Unsubscribe()
+	if code, out := run("maintenance", "on", "--wait", "500ms"); code == 0 || !strings.Contains(out, "no arbiter") {
+		t.Fatalf("nobody listening: exit %d %s", code, out)
+	}
+}

@@ -1,0 +1,405 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/nats-io/nats-server/v2/server"
+)
+
+// lab is one embedded JetStream with arbiters, a scripted prober per node
+// and a model executor per node that follows the executor rules (at most
+// once, no older epoch, no passed deadline) and records who holds.
+type lab struct {
+	t     *testing.T
+	s     *server.Server
+	nodes []string
+
+	mu       sync.Mutex
+	pbxUp    map[string]bool
+	holders  map[string]bool   // node -> holds the address right now (per the executors)
+	maxEpoch map[string]uint64 // node -> highest epoch its executor saw
+	applied  map[string]string // command id -> node that applied it
+	stored   map[string]events.Envelope
+	dual     int // moments with two holders
+	slow     map[string]chan struct{}
+}
+
+func newLab(t *testing.T, nodes ...string) *lab {
+	l := &lab{t: t, s: bustest.Server(t), nodes: nodes, pbxUp: map[string]bool{}, holders: map[string]bool{},
+		maxEpoch: map[string]uint64{}, applied: map[string]string{}, stored: map[string]events.Envelope{}, slow: map[string]chan struct{}{}}
+	for _, n := range nodes {
+		l.pbxUp[n] = true
+	}
+	return l
+}
+
+func (l *lab) cfg(node string) Config {
+	c := Config{Common: daemon.Common{Cluster: "lab", Node: node, Bus: bus.Config{URL: l.s.ClientURL()}},
+		LeaseTTL: config.Duration(time.Second),
+		Groups:   []GroupConfig{{Name: "pbx", Addresses: []string{"198.51.100.10/24"}, Nodes: l.nodes, HealthCheck: "pbx"}},
+		Policy:   PolicyConfig{SilentAfter: config.Duration(2 * time.Second), ClaimTimeout: config.Duration(3 * time.Second), SettleAfter: config.Duration(500 * time.Millisecond)},
+	}
+	if err := c.Validate(); err != nil {
+		l.t.Fatal(err)
+	}
+	return c
+}
+
+// arbiter starts one replica; the returned function kills it (its lease
+// is not released: the server expires it, as after a crash).
+func (l *lab) arbiter(node string) context.CancelFunc {
+	svc, err := New(l.cfg(node), slog.New(slog.DiscardHandler), "test")
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = svc.Run(ctx); close(done) }()
+	var once sync.Once
+	stop := func() { once.Do(func() { cancel(); <-done }) }
+	l.t.Cleanup(stop)
+	return stop
+}
+
+// probers heartbeat every node each 200 ms with its current PBX state.
+func (l *lab) probers(ctx context.Context) {
+	for _, n := range l.nodes {
+		b := bustest.Connect(l.t, l.s, bus.Identity{Cluster: "lab", Service: "prober", Node: n})
+		go func() {
+			t := time.NewTicker(200 * time.Millisecond)
+			defer t.Stop()
+			since := time.Now()
+			last := true
+			for seq := uint64(1); ; seq++ {
+				l.mu.Lock()
+				up := l.pbxUp[n]
+				l.mu.Unlock()
+				h := events.HealthDown
+				if up {
+					h = events.HealthUp
+				}
+				if up != last {
+					since, last = time.Now(), up
+				}
+				_, _ = b.Emit(ctx, events.NodeHeartbeat{Node: n, Seq: seq, IntervalMS: 200, Version: "t",
+					Checks: map[string]events.CheckState{"pbx": {TargetNode: n, Role: events.RoleSelf, Health: h, Since: since}}})
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+				}
+			}
+		}()
+	}
+}
+
+// executor runs node's model executor from now on.
+func (l *lab) executor(ctx context.Context, node string) {
+	b := bustest.Connect(l.t, l.s, bus.Identity{Cluster: "lab", Service: "ipmover", Node: node})
+	go func() {
+		_ = b.ConsumeCommands(ctx, node, func(ctx context.Context, env events.Envelope, cmd events.Command) {
+			l.mu.Lock()
+			gate := l.slow[node]
+			l.mu.Unlock()
+			if gate != nil {
+				select {
+				case <-gate:
+				case <-ctx.Done():
+					return
+				}
+			}
+			outcome, why := l.apply(node, env, cmd)
+			r := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: node, Group: "pbx", Outcome: outcome, Error: why}
+			_, _ = b.Emit(ctx, r, events.CausedBy(env))
+		})
+	}()
+}
+
+func (l *lab) apply(node string, env events.Envelope, cmd events.Command) (events.Outcome, string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.stored[env.ID] = env
+	switch {
+	case l.applied[env.ID] != "":
+		return events.OutcomeDuplicate, ""
+	case env.Epoch < l.maxEpoch[node]:
+		return events.OutcomeStaleEpoch, fmt.Sprintf("epoch %d < %d", env.Epoch, l.maxEpoch[node])
+	case time.Now().After(cmd.Deadline()):
+		return events.OutcomeExpired, "deadline passed"
+	}
+	l.maxEpoch[node] = env.Epoch
+	l.applied[env.ID] = node
+	switch cmd.(type) {
+	case *events.ClaimIP:
+		l.holders[node] = true
+		n := 0
+		for _, h := range l.holders {
+			if h {
+				n++
+			}
+		}
+		if n > 1 {
+			l.dual++
+		}
+	case *events.ReleaseIP:
+		l.holders[node] = false
+	}
+	return events.OutcomeApplied, ""
+}
+
+func (l *lab) holding() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []string
+	for _, n := range l.nodes {
+		if l.holders[n] {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func (l *lab) waitHolder(node string, within time.Duration) {
+	l.t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		h := l.holding()
+		if len(h) == 1 && h[0] == node {
+			return
+		}
+		if time.Now().After(deadline) {
+			l.t.Fatalf("holders %v, want only %s", h, node)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (l *lab) setPBX(node string, up bool) {
+	l.mu.Lock()
+	l.pbxUp[node] = up
+	l.mu.Unlock()
+}
+
+// decisions reads every decision and command copy in the audit stream.
+func (l *lab) trail(ctx context.Context) []events.Envelope {
+	b := bustest.Connect(l.t, l.s, bus.Identity{Cluster: "lab", Service: "test", Node: "reader"})
+	st, err := b.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	last := st.CachedInfo().State.LastSeq
+	var out []events.Envelope
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	_ = b.Watch(wctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab"), events.ClusterCommands("lab")}, All: true},
+		func(env events.Envelope, _ events.Payload, seq uint64) {
+			out = append(out, env)
+			if seq >= last {
+				cancel()
+			}
+		})
+	return out
+}
+
+// TestLeaderLostMidFailover: the leader issues a failover and dies before
+// the claim is confirmed; the successor restores the outstanding claim,
+// takes the confirmation, and never commands a second holder.
+func TestLeaderLostMidFailover(t *testing.T) {
+	l := newLab(t, "n1", "n2", "n3")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l.probers(ctx)
+	for _, n := range l.nodes {
+		l.executor(ctx, n)
+	}
+	stopA := l.arbiter("ctlA")
+	l.waitHolder("n1", 10*time.Second)
+	l.arbiter("ctlB")
+
+	gate := make(chan struct{})
+	l.mu.Lock()
+	l.slow["n2"] = gate // n2 receives its claim but answers only when told
+	l.mu.Unlock()
+	l.setPBX("n1", false)
+	// Wait until n1 released (the failover is under way), then kill the leader.
+	deadline := time.Now().Add(10 * time.Second)
+	for len(l.holding()) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no failover started: holders %v", l.holding())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	stopA()
+	close(gate) // n2 applies the claim the dead leader sent
+	l.waitHolder("n2", 10*time.Second)
+
+	// The successor leads with a higher epoch and keeps n2: no second move.
+	time.Sleep(4 * time.Second) // longer than claim_timeout: a wrongly restored claim would have been retried by now
+	if h := l.holding(); len(h) != 1 || h[0] != "n2" {
+		t.Fatalf("holders %v after the handover", h)
+	}
+	l.mu.Lock()
+	dual := l.dual
+	l.mu.Unlock()
+	if dual != 0 {
+		t.Fatalf("two holders at once %d times", dual)
+	}
+	epochs := map[string]uint64{}
+	for _, env := range l.trail(ctx) {
+		if env.Type == events.TypeArbiterDecision && env.Source.Node != "" {
+			if e, ok := epochs[env.Source.Node]; !ok || env.Epoch > e {
+				epochs[env.Source.Node] = env.Epoch
+			}
+		}
+	}
+	if epochs["ctlB"] != 0 && epochs["ctlB"] <= epochs["ctlA"] {
+		t.Fatalf("successor's epoch %d not above %d", epochs["ctlB"], epochs["ctlA"])
+	}
+}
+
+// TestTwoArbitersRace: two replicas start at the same moment; exactly one
+// commands, under one epoch.
+func TestTwoArbitersRace(t *testing.T) {
+	l := newLab(t, "n1", "n2")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l.probers(ctx)
+	for _, n := range l.nodes {
+		l.executor(ctx, n)
+	}
+	var wg sync.WaitGroup
+	for _, n := range []string{"ctlA", "ctlB"} {
+		wg.Go(func() { l.arbiter(n) })
+	}
+	wg.Wait()
+	l.waitHolder("n1", 10*time.Second)
+	l.setPBX("n1", false)
+	l.waitHolder("n2", 10*time.Second)
+	sources, epochs := map[string]bool{}, map[uint64]bool{}
+	for _, env := range l.trail(ctx) {
+		switch env.Type {
+		case events.TypeArbiterDecision, events.TypeClaimIP, events.TypeReleaseIP:
+			sources[env.Source.Node] = true
+			epochs[env.Epoch] = true
+		}
+	}
+	if len(sources) != 1 || len(epochs) != 1 {
+		t.Fatalf("decisions and commands from %v under epochs %v: want one leader, one epoch", sources, epochs)
+	}
+}
+
+// TestCommandDeliveredAfterItsDeadline: n2 is cut off (its executor reads
+// nothing) when the failover claims it; the arbiter gives up at
+// claim_timeout and moves on to n3. When n2 comes back it must not apply
+// the old claim: by then it has expired (server TTL, or refused by deadline).
+func TestCommandDeliveredAfterItsDeadline(t *testing.T) {
+	l := newLab(t, "n1", "n2", "n3")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l.probers(ctx)
+	l.executor(ctx, "n1")
+	l.executor(ctx, "n3")
+	l.arbiter("ctlA")
+	l.waitHolder("n1", 10*time.Second)
+	l.setPBX("n1", false)
+	l.waitHolder("n3", 15*time.Second) // n2's claim timed out, n3 took over
+	ectx, ecancel := context.WithCancel(ctx)
+	defer ecancel()
+	l.executor(ectx, "n2") // the partition heals
+	// n2 reads its queue: the claim (expired) and the release that followed it.
+	var claimID string
+	for _, env := range l.trail(ctx) {
+		if env.Type == events.TypeClaimIP {
+			var c events.ClaimIP
+			_ = json.Unmarshal(env.Data, &c)
+			if c.Node == "n2" {
+				claimID = env.ID
+			}
+		}
+	}
+	if claimID == "" {
+		t.Fatal("the failover never claimed n2")
+	}
+	time.Sleep(2 * time.Second) // let n2's executor drain what is left of its queue
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.applied[claimID] != "" {
+		t.Fatalf("n2 applied claim %s after the arbiter had given it up", claimID)
+	}
+	if l.holders["n2"] {
+		t.Fatal("n2 holds after the partition healed")
+	}
+	if l.dual != 0 {
+		t.Fatalf("two holders at once %d times", l.dual)
+	}
+}
+
+// TestOperatorRequestReply: an operator request over NATS is answered by
+// the leader, recorded as an OperatorAction naming who asked, and causes
+// the decision it asked for.
+func TestOperatorRequestReply(t *testing.T) {
+	l := newLab(t, "n1", "n2")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l.probers(ctx)
+	for _, n := range l.nodes {
+		l.executor(ctx, n)
+	}
+	l.arbiter("ctlA")
+	l.arbiter("ctlB")
+	l.waitHolder("n1", 10*time.Second)
+	b := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "fanctl", Node: "ops1"})
+	ask := func(req events.OperatorRequest) events.OperatorReply {
+		data, _ := json.Marshal(req)
+		m, err := b.NC.Request(events.OperatorRequestSubject("lab"), data, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep events.OperatorReply
+		if err := json.Unmarshal(m.Data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	rep := ask(events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching n1", Operator: "alice@ops1"})
+	if !rep.Accepted || rep.EventID == "" || len(rep.Decisions) != 1 || rep.Epoch == 0 {
+		t.Fatalf("reply %+v", rep)
+	}
+	l.waitHolder("n2", 10*time.Second)
+	rep = ask(events.OperatorRequest{Verb: events.OpSwitchover, Node: "n9", Operator: "alice@ops1"})
+	if rep.Accepted {
+		t.Fatalf("switchover to an unknown node accepted: %+v", rep)
+	}
+	var action, decision *events.Envelope
+	for _, env := range l.trail(ctx) {
+		switch env.Type {
+		case events.TypeOperatorAction:
+			if action == nil {
+				action = &env
+			}
+		case events.TypeArbiterDecision:
+			if env.CausationID != "" && action != nil && env.CausationID == action.ID {
+				decision = &env
+			}
+		}
+	}
+	if action == nil || decision == nil {
+		t.Fatalf("action %v decision %v", action, decision)
+	}
+	var a events.OperatorAction
+	_ = json.Unmarshal(action.Data, &a)
+	if a.Operator != "alice@ops1" || !a.Accepted || a.Reason != "patching n1" {
+		t.Fatalf("action record %+v", a)
+	}
+}

@@ -1,0 +1,163 @@
+package app
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/scheduler/internal/window"
+)
+
+// Config is the scheduler's configuration file.
+type Config struct {
+	daemon.Common `yaml:",inline"`
+	// TickEvery is how often an open window's permit is restated (default
+	// 1m). At most 1m: a restarted instance republishes the current tick,
+	// and the audit stream de-duplicates ids for 2 minutes.
+	TickEvery config.Duration `yaml:"tick_every"`
+	// PlanAhead is how many coming windows per group the plan lists (default 5).
+	PlanAhead int           `yaml:"plan_ahead"`
+	Groups    []GroupConfig `yaml:"groups"`
+}
+
+// GroupConfig lists a group's failback windows.
+type GroupConfig struct {
+	Name    string         `yaml:"name"`
+	Windows []WindowConfig `yaml:"windows"`
+}
+
+// WindowConfig is one named window.
+type WindowConfig struct {
+	Name string `yaml:"name"`
+	// TimeZone is an IANA name (Europe/Berlin); default UTC.
+	TimeZone string         `yaml:"time_zone"`
+	Weekly   []WeeklyConfig `yaml:"weekly"`
+	Once     []OnceConfig   `yaml:"once"`
+	// BlackoutDates (YYYY-MM-DD, in TimeZone) close the window for the whole day.
+	BlackoutDates []string `yaml:"blackout_dates"`
+}
+
+// WeeklyConfig is "on these days, from HH:MM to HH:MM" (to before from: ends the next day).
+type WeeklyConfig struct {
+	// Days: mon..sun, or "daily", "weekdays", "weekends".
+	Days []string `yaml:"days"`
+	From string   `yaml:"from"`
+	To   string   `yaml:"to"`
+}
+
+// OnceConfig is a one-off window, RFC 3339 times with an offset.
+type OnceConfig struct {
+	From string `yaml:"from"`
+	To   string `yaml:"to"`
+}
+
+// Validate checks the file after loading and fills defaults.
+func (c *Config) Validate() error {
+	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if c.TickEvery == 0 {
+		c.TickEvery = config.Duration(time.Minute)
+	}
+	if d := c.TickEvery.D(); d < time.Second || d > time.Minute {
+		return config.Errf("tick_every", "must be between 1s and 1m, got %v", d)
+	}
+	if c.PlanAhead == 0 {
+		c.PlanAhead = 5
+	}
+	if c.PlanAhead < 1 || c.PlanAhead > 100 {
+		return config.Errf("plan_ahead", "must be 1..100, got %d", c.PlanAhead)
+	}
+	_, err := c.schedules()
+	return err
+}
+
+var dayNames = map[string][]time.Weekday{
+	"sun": {time.Sunday}, "mon": {time.Monday}, "tue": {time.Tuesday}, "wed": {time.Wednesday},
+	"thu": {time.Thursday}, "fri": {time.Friday}, "sat": {time.Saturday},
+	"daily":    {time.Sunday, time.Monday, time.Tuesday, time.Wednesday, time.Thursday, time.Friday, time.Saturday},
+	"weekdays": {time.Monday, time.Tuesday, time.Wednesday, time.Thursday, time.Friday},
+	"weekends": {time.Saturday, time.Sunday},
+}
+
+// schedules turns the file into window schedules, naming the key of the first error.
+func (c *Config) schedules() (map[string]window.Schedule, error) {
+	out := map[string]window.Schedule{}
+	for gi, g := range c.Groups {
+		gk := func(k string) string { return fmt.Sprintf("groups[%d].%s", gi, k) }
+		if err := events.ValidToken("name", g.Name); err != nil {
+			return nil, &config.FieldError{Key: gk("name"), Err: err}
+		}
+		if _, dup := out[g.Name]; dup {
+			return nil, config.Errf(gk("name"), "duplicate group %q", g.Name)
+		}
+		var sch window.Schedule
+		for wi, w := range g.Windows {
+			wk := func(k string) string { return gk(fmt.Sprintf("windows[%d].%s", wi, k)) }
+			if err := events.ValidToken("name", w.Name); err != nil {
+				return nil, &config.FieldError{Key: wk("name"), Err: err}
+			}
+			tz := w.TimeZone
+			if tz == "" {
+				tz = "UTC"
+			}
+			loc, err := time.LoadLocation(tz)
+			if err != nil {
+				return nil, config.Errf(wk("time_zone"), "%v", err)
+			}
+			win := window.Window{Name: w.Name, Loc: loc}
+			for ri, r := range w.Weekly {
+				rk := func(k string) string { return wk(fmt.Sprintf("weekly[%d].%s", ri, k)) }
+				var wk window.Weekly
+				for _, d := range r.Days {
+					days, ok := dayNames[strings.ToLower(d)]
+					if !ok {
+						return nil, config.Errf(rk("days"), "unknown day %q (mon..sun, daily, weekdays, weekends)", d)
+					}
+					wk.Days = append(wk.Days, days...)
+				}
+				if len(wk.Days) == 0 {
+					return nil, config.Errf(rk("days"), "at least one day")
+				}
+				if wk.From, err = window.ParseClock(r.From); err != nil {
+					return nil, config.Errf(rk("from"), "%v", err)
+				}
+				if wk.To, err = window.ParseClock(r.To); err != nil {
+					return nil, config.Errf(rk("to"), "%v", err)
+				}
+				win.Weekly = append(win.Weekly, wk)
+			}
+			for oi, o := range w.Once {
+				ok := func(k string) string { return wk(fmt.Sprintf("once[%d].%s", oi, k)) }
+				from, err := time.Parse(time.RFC3339, o.From)
+				if err != nil {
+					return nil, config.Errf(ok("from"), "want RFC 3339 with an offset: %v", err)
+				}
+				to, err := time.Parse(time.RFC3339, o.To)
+				if err != nil {
+					return nil, config.Errf(ok("to"), "want RFC 3339 with an offset: %v", err)
+				}
+				if !to.After(from) {
+					return nil, config.Errf(ok("to"), "must be after from")
+				}
+				win.Once = append(win.Once, window.Range{Start: from.In(loc), End: to.In(loc)})
+			}
+			for _, b := range w.BlackoutDates {
+				d, err := window.ParseDate(b)
+				if err != nil {
+					return nil, config.Errf(wk("blackout_dates"), "%v", err)
+				}
+				win.Blackouts = append(win.Blackouts, d)
+			}
+			if len(win.Weekly) == 0 && len(win.Once) == 0 {
+				return nil, config.Errf(wk("weekly"), "a window needs weekly or once ranges")
+			}
+			sch = append(sch, win)
+		}
+		out[g.Name] = sch
+	}
+	return out, nil
+}
