@@ -39,6 +39,10 @@ type NodePresence struct {
 	// offline, or was silent before this heartbeat brought it back.
 	SilentMS    int64 `json:"silent_ms,omitempty"`
 	ThresholdMS int64 `json:"threshold_ms"`
+	// Revision is the registry record's revision written by the flip.
+	// Several writers publish flips concurrently, so events may arrive out
+	// of order; consumers order a node's flips by this, not by arrival.
+	Revision uint64 `json:"revision,omitempty"`
 }
 
 func (NodePresence) EventType() Type    { return TypeNodePresence }

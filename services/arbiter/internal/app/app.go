@@ -35,9 +35,11 @@ import (
 const registryWorkers = 4
 
 // tickEvery drives the core's timers (claim timeouts, silence). It bounds
+// how late a silence by missed presence beacons is acted on, so it is a
+// fraction of the beacon interval; a tick costs microseconds per group.
 // how late a timer fires, not how fast a health transition is acted on:
 // events are handled as they arrive.
-const tickEvery = 100 * time.Millisecond
+const tickEvery = 25 * time.Millisecond
 
 // statusRefresh rewrites group status at least this often so fanctl shows
 // fresh heartbeat ages even when nothing changed.
@@ -123,6 +125,24 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		defer func() { _ = sub.Unsubscribe() }()
 
+		// Presence beacons arrive on core NATS many times a second per
+		// node; a full buffer drops one, which only delays "heard" by a beat.
+		beacons := make(chan events.Beacon, 4096)
+		bsub, err := rt.Bus.NC.Subscribe(events.AllBeacons(s.cfg.Cluster), func(m *nats.Msg) {
+			b, err := events.DecodeBeacon(m.Data)
+			if err != nil {
+				return
+			}
+			select {
+			case beacons <- b:
+			default:
+			}
+		})
+		if err != nil {
+			return fmt.Errorf("subscribe to presence beacons: %w", err)
+		}
+		defer func() { _ = bsub.Unsubscribe() }()
+
 		inputs := make(chan input, 4096)
 		changes := make(chan lease.Change, 4)
 		watchDone := make(chan error, 1)
@@ -150,6 +170,8 @@ func (s *Service) Run(ctx context.Context) error {
 				return <-watchDone
 			case in := <-inputs:
 				s.execute(ctx, s.core.Handle(time.Now(), in.env, in.p))
+			case b := <-beacons:
+				s.execute(ctx, s.core.Beacon(time.Now(), b))
 			case m := <-ops:
 				s.operate(ctx, m)
 			case ch, ok := <-changes:

@@ -59,13 +59,17 @@ type GroupConfig struct {
 
 // PolicyConfig tunes timing; zero values take the decision core's defaults.
 type PolicyConfig struct {
-	SilentAfter  config.Duration `yaml:"silent_after"`
-	ClaimTimeout config.Duration `yaml:"claim_timeout"`
-	CommandTTL   config.Duration `yaml:"command_ttl"`
-	HoldDown     config.Duration `yaml:"hold_down"`
-	RetryBackoff config.Duration `yaml:"retry_backoff"`
-	SettleAfter  config.Duration `yaml:"settle_after"`
-	ClockSkew    config.Duration `yaml:"clock_skew"`
+	SilentAfter config.Duration `yaml:"silent_after"`
+	// PresenceMisses missed presence beacons (plus PresenceGrace) make a
+	// node silent: 3 x 100 ms + 50 ms with the prober's defaults.
+	PresenceMisses int             `yaml:"presence_misses"`
+	PresenceGrace  config.Duration `yaml:"presence_grace"`
+	ClaimTimeout   config.Duration `yaml:"claim_timeout"`
+	CommandTTL     config.Duration `yaml:"command_ttl"`
+	HoldDown       config.Duration `yaml:"hold_down"`
+	RetryBackoff   config.Duration `yaml:"retry_backoff"`
+	SettleAfter    config.Duration `yaml:"settle_after"`
+	ClockSkew      config.Duration `yaml:"clock_skew"`
 	// MaxMovesPerHour caps automatic moves per group (default 5; negative: no cap).
 	MaxMovesPerHour int `yaml:"max_moves_per_hour"`
 }
@@ -144,6 +148,7 @@ func (c *Config) decideConfig() decide.Config {
 		SilentAfter: p.SilentAfter.D(), ClaimTimeout: p.ClaimTimeout.D(), CommandTTL: p.CommandTTL.D(),
 		HoldDown: p.HoldDown.D(), RetryBackoff: p.RetryBackoff.D(), SettleAfter: p.SettleAfter.D(),
 		ClockSkew: p.ClockSkew.D(), MaxMovesPerHour: p.MaxMovesPerHour,
+		PresenceMisses: p.PresenceMisses, PresenceGrace: p.PresenceGrace.D(),
 	}
 	for _, g := range c.Groups {
 		fb := g.Failback

@@ -18,6 +18,11 @@ const (
 	// alone never moves an address (peers must confirm), so being quick
 	// here costs nothing and makes a crashed holder replaceable sooner.
 	DefaultSilentAfter = 3 * time.Second
+	// DefaultPresenceMisses beacons missed in a row make a node silent;
+	// with the prober's 100 ms beacons that is 300 ms (+ the grace).
+	DefaultPresenceMisses = 3
+	// DefaultPresenceGrace absorbs scheduling and bus jitter on top.
+	DefaultPresenceGrace = 50 * time.Millisecond
 	// DefaultClaimTimeout: an executor answers a claim in milliseconds; 5 s
 	// covers a slow netlink call, ARP probing and a PBX reload while still
 	// giving up on a dead claimant well inside a typical SIP retry budget.
@@ -92,6 +97,10 @@ type Config struct {
 	NewID func() string
 
 	SilentAfter  time.Duration // bus silence after which a node counts as silent
+	// PresenceMisses beacon intervals plus PresenceGrace without a beacon
+	// make a node that sends beacons silent (defaults 3 and 50 ms).
+	PresenceMisses int
+	PresenceGrace  time.Duration
 	ClaimTimeout time.Duration // a claim not confirmed within this is given up
 	CommandTTL   time.Duration // NotAfter = now + CommandTTL on every command
 	HoldDown     time.Duration // no discretionary move within this of the last move
@@ -142,6 +151,10 @@ func (c *Config) withDefaults() {
 		}
 	}
 	def(&c.SilentAfter, DefaultSilentAfter)
+	def(&c.PresenceGrace, DefaultPresenceGrace)
+	if c.PresenceMisses == 0 {
+		c.PresenceMisses = DefaultPresenceMisses
+	}
 	def(&c.ClaimTimeout, DefaultClaimTimeout)
 	def(&c.CommandTTL, DefaultCommandTTL)
 	def(&c.HoldDown, DefaultHoldDown)
@@ -173,9 +186,13 @@ func (c *Config) validate() error {
 	if c.NewID == nil {
 		return fmt.Errorf("%w: NewID is required", ErrConfig)
 	}
+	if c.PresenceMisses < 1 {
+		return fmt.Errorf("%w: PresenceMisses must be at least 1, got %d", ErrConfig, c.PresenceMisses)
+	}
 	for name, d := range map[string]time.Duration{
 		"SilentAfter": c.SilentAfter, "ClaimTimeout": c.ClaimTimeout, "CommandTTL": c.CommandTTL,
 		"HoldDown": c.HoldDown, "RetryBackoff": c.RetryBackoff, "SettleAfter": c.SettleAfter, "ClockSkew": c.ClockSkew,
+		"PresenceGrace": c.PresenceGrace,
 	} {
 		if d < 0 {
 			return fmt.Errorf("%w: %s is negative", ErrConfig, name)

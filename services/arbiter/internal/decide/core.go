@@ -48,7 +48,12 @@ type observation struct {
 }
 
 type nodeState struct {
-	lastHB     time.Time // the arbiter's time
+	// lastBeacon and beaconEvery come from presence beacons (core NATS,
+	// every ~100 ms); once a node sends them, missing a few makes it silent
+	// long before a missed heartbeat would.
+	lastBeacon  time.Time
+	beaconEvery time.Duration
+	lastHB      time.Time // the arbiter's time
 	heardSince time.Time // the arbiter's time since when the node has been heard without a silence
 	hbInterval time.Duration
 	hbRef      ref
@@ -249,6 +254,39 @@ func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Outp
 		trig := envRef(env)
 		for _, gi := range c.affected {
 			c.evaluate(c.groups[gi], now, &trig, &out)
+		}
+	}
+	return out
+}
+
+// Beacon notes a presence beacon: the node's prober is alive and on the
+// bus. A node that has sent beacons is silent once PresenceMisses of its
+// beacon intervals (plus PresenceGrace) pass without one — fractions of a
+// second — which is how a crashed node or a cut link is noticed fast.
+// Silence alone never moves anything: a silent holder is replaced only when
+// its peers also cannot reach its PBX. Beacons carry no event id, so
+// decisions cite the peers' transitions and the node's last heartbeat.
+func (c *Core) Beacon(now time.Time, b events.Beacon) Output {
+	c.clock(now)
+	var out Output
+	ns := c.nodes[b.Node]
+	if ns == nil || b.IntervalMS <= 0 {
+		return out
+	}
+	wasSilent := !ns.lastBeacon.IsZero() && c.silent(b.Node, now)
+	ns.lastBeacon = now
+	ns.beaconEvery = time.Duration(b.IntervalMS) * time.Millisecond
+	if !wasSilent {
+		return out
+	}
+	// Back from a silence: stability starts again, and the node may be
+	// eligible again in its groups.
+	ns.heardSince = now
+	c.affected = c.affected[:0]
+	c.touchNode(b.Node)
+	if c.leading {
+		for _, gi := range c.affected {
+			c.evaluate(c.groups[gi], now, nil, &out)
 		}
 	}
 	return out

@@ -14,6 +14,9 @@ import (
 // gets the same grace as one that just heartbeated.
 func (c *Core) silent(n string, now time.Time) bool {
 	ns := c.nodes[n]
+	if !ns.lastBeacon.IsZero() && now.Sub(ns.lastBeacon) > time.Duration(c.cfg.PresenceMisses)*ns.beaconEvery+c.cfg.PresenceGrace {
+		return true
+	}
 	last := ns.lastHB
 	if last.IsZero() {
 		last = c.origin

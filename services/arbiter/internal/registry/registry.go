@@ -58,8 +58,9 @@ func New(kv jetstream.KeyValue, cluster string, offlineAfter time.Duration, emit
 func (r *Registry) OfflineAfter() time.Duration { return r.offlineAfter }
 
 // update reads key, lets change modify the record (returning false to
-// leave it alone), and writes it back only if nobody wrote in between.
-func (r *Registry) update(ctx context.Context, key string, change func(rec *events.NodeRecord, exists bool) bool) (events.NodeRecord, events.NodeRecord, bool, error) {
+// leave it alone), and writes it back only if nobody wrote in between. It
+// returns the revision it wrote (0 when it wrote nothing).
+func (r *Registry) update(ctx context.Context, key string, change func(rec *events.NodeRecord, exists bool) bool) (events.NodeRecord, events.NodeRecord, uint64, error) {
 	for range maxAttempts {
 		var before events.NodeRecord
 		var rev uint64
@@ -67,34 +68,35 @@ func (r *Registry) update(ctx context.Context, key string, change func(rec *even
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
-			return before, before, false, fmt.Errorf("read %s: %w", key, err)
+			return before, before, 0, fmt.Errorf("read %s: %w", key, err)
 		default:
 			if err := json.Unmarshal(e.Value(), &before); err != nil {
-				return before, before, false, fmt.Errorf("decode %s: %w", key, err)
+				return before, before, 0, fmt.Errorf("decode %s: %w", key, err)
 			}
 			rev = e.Revision()
 		}
 		after := before
 		if !change(&after, rev != 0) {
-			return before, after, false, nil
+			return before, after, 0, nil
 		}
 		b, err := json.Marshal(after)
 		if err != nil {
-			return before, after, false, fmt.Errorf("encode %s: %w", key, err)
+			return before, after, 0, fmt.Errorf("encode %s: %w", key, err)
 		}
+		var written uint64
 		if rev == 0 {
-			_, err = r.kv.Create(ctx, key, b)
+			written, err = r.kv.Create(ctx, key, b)
 		} else {
-			_, err = r.kv.Update(ctx, key, b, rev)
+			written, err = r.kv.Update(ctx, key, b, rev)
 		}
 		if err == nil {
-			return before, after, true, nil
+			return before, after, written, nil
 		}
 		if !lostRace(err) {
-			return before, after, false, fmt.Errorf("write %s: %w", key, err)
+			return before, after, 0, fmt.Errorf("write %s: %w", key, err)
 		}
 	}
-	return events.NodeRecord{}, events.NodeRecord{}, false, fmt.Errorf("%s: %w", key, ErrContention)
+	return events.NodeRecord{}, events.NodeRecord{}, 0, fmt.Errorf("%s: %w", key, ErrContention)
 }
 
 // lostRace: another writer got there first (wrong revision, key created
@@ -139,12 +141,12 @@ func (r *Registry) Heartbeat(ctx context.Context, env events.Envelope, hb *event
 		}
 		return true
 	})
-	if err != nil || !wrote || before.Presence == events.PresenceOnline {
+	if err != nil || wrote == 0 || before.Presence == events.PresenceOnline {
 		return err
 	}
 	// This write is the one that flipped the node online: it alone reports it.
 	p := events.NodePresence{Node: hb.Node, Presence: events.PresenceOnline, LastHeartbeat: after.LastHeartbeat,
-		ThresholdMS: r.offlineAfter.Milliseconds()}
+		ThresholdMS: r.offlineAfter.Milliseconds(), Revision: wrote}
 	if !before.LastHeartbeat.IsZero() {
 		p.SilentMS = receivedAt.Sub(before.LastHeartbeat).Milliseconds()
 	}
@@ -182,13 +184,13 @@ func (r *Registry) Sweep(ctx context.Context, now time.Time) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
-		if !wrote {
+		if wrote == 0 {
 			continue
 		}
 		marked++
 		silent := now.Sub(before.LastHeartbeat)
 		p := events.NodePresence{Node: after.Node, Presence: events.PresenceOffline, LastHeartbeat: before.LastHeartbeat,
-			SilentMS: silent.Milliseconds(), ThresholdMS: r.offlineAfter.Milliseconds()}
+			SilentMS: silent.Milliseconds(), ThresholdMS: r.offlineAfter.Milliseconds(), Revision: wrote}
 		var opts []events.Option
 		if before.HeartbeatID != "" {
 			opts = append(opts, events.CausedByID(before.HeartbeatID, ""))

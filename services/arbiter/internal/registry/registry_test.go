@@ -1,9 +1,11 @@
 package registry
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -151,13 +153,22 @@ func TestConcurrentWritersLoseNothing(t *testing.T) {
 			t.Fatal(err)
 		}
 		total += rc.Beats
-		// Presence events for this node alternate, start online, and end
-		// where the record ends.
-		var seq []events.Presence
+		// Presence events for this node, in the order of the writes that
+		// flipped it (concurrent writers publish in any order), alternate,
+		// start online, and end where the record ends.
+		var flips []events.NodePresence
 		for _, p := range rec.all() {
 			if p.Node == n {
-				seq = append(seq, p.Presence)
+				flips = append(flips, p)
 			}
+		}
+		slices.SortFunc(flips, func(a, b events.NodePresence) int { return cmp.Compare(a.Revision, b.Revision) })
+		var seq []events.Presence
+		for i, p := range flips {
+			if p.Revision == 0 || (i > 0 && p.Revision == flips[i-1].Revision) {
+				t.Fatalf("%s: flip without a distinct revision: %+v", n, flips)
+			}
+			seq = append(seq, p.Presence)
 		}
 		if len(seq) == 0 || seq[0] != events.PresenceOnline {
 			t.Fatalf("%s: presence events %v", n, seq)
