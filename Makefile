@@ -3,6 +3,10 @@
 #   make test    go vet, gofmt check, every module's tests with -race (root: also the namespace end-to-end test)
 #   make lab     the namespace lab: a real failover, printed as a timeline
 #   make deps    install what the lab and the tests need on Debian 12 (root)
+#   make install         binaries, systemd units and example configs under DESTDIR/PREFIX
+#   make images          the compose lab's images (FROM scratch, nothing pulled)
+#   make compose-test    the compose lab: up, a failover, down (docker)
+#   make systemd-verify  systemd-analyze verify on every unit
 
 SHELL       := /bin/bash
 VERSION     ?= $(shell git describe --always --dirty 2>/dev/null || echo dev)
@@ -22,9 +26,10 @@ BINARIES := \
 	fanctl:cmd:./fanctl \
 	fan-nats:cmd:./fan-nats \
 	fan-amipeer:lab:./cmd/fan-amipeer \
+	fan-pbxstandin:lab:./cmd/fan-pbxstandin \
 	fan-lab:cmd:./fan-lab
 
-.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz deps
+.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz deps install images compose-test systemd-verify
 
 all: build
 
@@ -73,6 +78,50 @@ deps:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
 	cd $(CURDIR) && for m in $$(go list -m -f '{{.Dir}}'); do (cd $$m && go mod download); done
+
+# Production install: the five services and fanctl, one systemd unit per
+# service, example configs (never overwriting an operator's). Packagers set
+# DESTDIR; PREFIX is where the binaries go (the units name $(PREFIX)/bin).
+PREFIX      ?= /usr/local
+DESTDIR     ?=
+SYSCONFDIR  ?= /etc
+UNITDIR     ?= /etc/systemd/system
+SERVICES    := prober arbiter ipmover replicator scheduler
+install: build
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSCONFDIR)/fan
+	@set -e; for s in $(SERVICES); do \
+		install -m 0755 $(BIN)/fan-$$s $(DESTDIR)$(PREFIX)/bin/fan-$$s; \
+		sed 's|/usr/local/bin/|$(PREFIX)/bin/|g' deploy/systemd/fan-$$s.service > $(DESTDIR)$(UNITDIR)/fan-$$s.service; \
+		chmod 0644 $(DESTDIR)$(UNITDIR)/fan-$$s.service; \
+		for f in $$s.yaml $$s.env; do \
+			if [ -e $(DESTDIR)$(SYSCONFDIR)/fan/$$f ]; then \
+				install -m 0640 deploy/systemd/examples/$$f $(DESTDIR)$(SYSCONFDIR)/fan/$$f.example; \
+			else \
+				install -m 0640 deploy/systemd/examples/$$f $(DESTDIR)$(SYSCONFDIR)/fan/$$f; \
+			fi; \
+		done; \
+	done
+	install -m 0755 $(BIN)/fanctl $(DESTDIR)$(PREFIX)/bin/fanctl
+	install -D -m 0644 deploy/systemd/fan.sysusers.conf $(DESTDIR)$(PREFIX)/lib/sysusers.d/fan.conf
+	@# On a live system (no DESTDIR): create the fan user and let it read its configs.
+	@if [ -z "$(DESTDIR)" ] && command -v systemd-sysusers >/dev/null; then \
+		systemd-sysusers $(PREFIX)/lib/sysusers.d/fan.conf && \
+		chgrp fan $(SYSCONFDIR)/fan $(SYSCONFDIR)/fan/*.yaml* && chmod 0750 $(SYSCONFDIR)/fan; \
+	fi
+	@echo "installed under $(DESTDIR)$(PREFIX) and $(DESTDIR)$(SYSCONFDIR)/fan; next: deploy/systemd/README.md"
+
+# The compose lab's images, built FROM scratch from the static binaries.
+FAN_TAG     ?= dev
+images: build
+	deploy/compose/build-images.sh $(BIN) $(FAN_TAG)
+
+# Builds its own binaries and images under a unique project name, runs a
+# failover, and removes everything it made (containers, network, images).
+compose-test:
+	deploy/compose/test.sh
+
+systemd-verify: build
+	deploy/systemd/verify.sh $(BIN)
 
 clean:
 	rm -rf $(BIN)

@@ -1,7 +1,10 @@
 // Package daemon is the lifecycle every fan binary shares: flags, logging,
-// signals (SIGINT and SIGTERM, since systemd stops services with SIGTERM),
-// the common configuration section, the bus connection, the start and stop
-// announcements, and the /metrics and /healthz endpoint.
+// signals (SIGINT and SIGTERM, since systemd stops services with SIGTERM;
+// SIGHUP reloads, see Reloader), the common configuration section, the bus
+// connection, the start and stop announcements, the /metrics and /healthz
+// endpoint, NATS service discovery (`nats micro ls`), and systemd's
+// notification protocol: READY, STOPPING, and a watchdog fed only while the
+// service's main loops turn (Runtime.Loop).
 package daemon
 
 import (
@@ -15,6 +18,7 @@ import (
 	"os/signal"
 	"strings"
 	"syscall"
+	"time"
 )
 
 // Service is what a fan binary runs until ctx ends.
@@ -38,6 +42,7 @@ func Run(args []string, name, version, defaultConfig string, build Builder) int 
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	cfgPath := fs.String("config", defaultConfig, "configuration file")
 	check := fs.Bool("check-config", false, "validate the configuration and exit (non-zero on any error)")
+	release := fs.Bool("release-all", false, "release every node resource the service manages (floating addresses) without the bus, and exit; for systemd's ExecStopPost")
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	level := fs.String("log-level", envOr("FAN_LOG_LEVEL", "info"), "debug, info, warn or error")
 	format := fs.String("log-format", envOr("FAN_LOG_FORMAT", "json"), "json or text")
@@ -67,11 +72,40 @@ func Run(args []string, name, version, defaultConfig string, build Builder) int 
 		fmt.Fprintf(os.Stdout, "%s: configuration %s is valid\n", name, *cfgPath)
 		return 0
 	}
+	if *release {
+		return releaseAll(svc, name, log)
+	}
+
+	notifier, err := NotifierFromEnv()
+	if err != nil {
+		// systemd set it, so it is worth a loud warning, but a service that
+		// cannot notify still does its job (the unit's start times out).
+		log.Warn("systemd notification disabled", "err", err)
+	}
+	sup := newSupervisor(notifier, log)
 
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	log.Info("starting", "version", version, "config", *cfgPath, "pid", os.Getpid())
-	if err := svc.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	// SIGHUP would otherwise kill the process: systemctl reload must never
+	// take a failover service down.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	go func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				sup.reload(ctx, svc, build, Options{ConfigPath: *cfgPath, Logger: log, Version: version})
+			}
+		}
+	}()
+	go sup.runWatchdog(ctx)
+
+	log.Info("starting", "version", version, "config", *cfgPath, "pid", os.Getpid(),
+		"systemd_notify", notifier.Enabled(), "watchdog", notifier.WatchdogInterval().String())
+	if err := svc.Run(withSupervisor(ctx, sup)); err != nil && !errors.Is(err, context.Canceled) {
 		log.Error("stopped with an error", "err", err)
 		return 1
 	}
@@ -100,4 +134,33 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// Releaser is implemented by a Service that holds node resources which must
+// never outlive it, such as the ipmover's floating addresses. ReleaseAll
+// removes every one of them using only local state (never the bus: it runs
+// when the service is dead, maybe because the bus is). It must be
+// idempotent: systemd runs it (`-release-all` in ExecStopPost) after every
+// stop, including the clean ones that already released.
+type Releaser interface {
+	ReleaseAll(ctx context.Context) error
+}
+
+// releaseTimeout bounds -release-all; ExecStopPost has its own timeout too.
+const releaseTimeout = 10 * time.Second
+
+func releaseAll(svc Service, name string, log *slog.Logger) int {
+	r, ok := svc.(Releaser)
+	if !ok {
+		fmt.Fprintf(os.Stderr, "%s: -release-all: this service holds no node resources\n", name)
+		return 2
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if err := r.ReleaseAll(ctx); err != nil {
+		log.Error("release-all failed", "err", err)
+		return 1
+	}
+	log.Info("released all node resources")
+	return 0
 }

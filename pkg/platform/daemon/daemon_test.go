@@ -30,6 +30,13 @@ func TestRunExitCodes(t *testing.T) {
 	failing := func(daemon.Options) (daemon.Service, error) {
 		return svcFunc(func(context.Context) error { return errors.New("boom") }), nil
 	}
+	var released int
+	releaser := func(daemon.Options) (daemon.Service, error) {
+		return releasingSvc{svcFunc(func(context.Context) error { t.Error("Run called by -release-all"); return nil }), &released, nil}, nil
+	}
+	releaseFails := func(daemon.Options) (daemon.Service, error) {
+		return releasingSvc{ok: nil, n: &released, err: errors.New("netlink: operation not permitted")}, nil
+	}
 	cases := []struct {
 		name  string
 		args  []string
@@ -42,6 +49,10 @@ func TestRunExitCodes(t *testing.T) {
 		{"run error", nil, failing, 1},
 		{"bad flag", []string{"--nope"}, ok, 2},
 		{"bad log level", []string{"--log-level", "loud"}, ok, 2},
+		{"release-all", []string{"--release-all"}, releaser, 0},
+		{"release-all fails", []string{"-release-all"}, releaseFails, 1},
+		{"release-all unsupported", []string{"--release-all"}, ok, 2},
+		{"release-all bad config", []string{"--release-all"}, bad, 1},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -50,6 +61,22 @@ func TestRunExitCodes(t *testing.T) {
 			}
 		})
 	}
+	if released != 2 {
+		t.Fatalf("ReleaseAll called %d times, want 2", released)
+	}
+}
+
+type releasingSvc struct {
+	ok  daemon.Service
+	n   *int
+	err error
+}
+
+func (r releasingSvc) Run(ctx context.Context) error { return r.ok.Run(ctx) }
+
+func (r releasingSvc) ReleaseAll(context.Context) error {
+	*r.n++
+	return r.err
 }
 
 func TestRuntimeAnnouncesAndServesHealth(t *testing.T) {

@@ -7,12 +7,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -58,13 +60,25 @@ type Runtime struct {
 	version string
 	ready   atomic.Bool
 	http    *http.Server
+	sup     *supervisor
+	micro   micro.Service
+	started time.Time
 }
 
 // Start connects to the bus, provisions fan's streams, serves /metrics and
-// /healthz, and announces the service. Close undoes it in reverse.
+// /healthz, registers with NATS service discovery, announces the service and
+// tells systemd it is ready. Close undoes it in reverse.
 func Start(ctx context.Context, c Common, service, version string, log *slog.Logger) (*Runtime, error) {
-	rt := &Runtime{Log: log, common: c, service: service, version: version, Metrics: prometheus.NewRegistry()}
-	rt.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	rt := &Runtime{Log: log, common: c, service: service, version: version, Metrics: prometheus.NewRegistry(),
+		sup: supervisorFrom(ctx, log), started: time.Now()}
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "fan_build_info", Help: "Always 1; labels name the service, node and version.",
+		ConstLabels: prometheus.Labels{"service": service, "node": c.Node, "cluster": c.Cluster, "version": version},
+	})
+	build.Set(1)
+	rt.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		build, rt.sup.reloads, rt.sup.pings, newLoopCollector(rt.sup))
+	rt.sup.send("STATUS=connecting to the bus")
 	if c.HTTPListen != "" {
 		if err := rt.serveHTTP(c.HTTPListen); err != nil {
 			return nil, err
@@ -81,10 +95,25 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 		rt.stopHTTP()
 		return nil, err
 	}
+	// Discovery is for operators: a server that refuses it (permissions)
+	// must not stop a failover service from running.
+	if err := rt.startDiscovery(); err != nil {
+		log.Warn("not discoverable with nats micro", "err", err)
+	}
 	rt.announce(ctx, events.ServiceStarted)
 	rt.ready.Store(true)
+	rt.sup.send(NotifyReady, "STATUS=running")
 	return rt, nil
 }
+
+// Loop registers one of the service's main loops with the watchdog: the loop
+// calls Alive on every turn and promises never to stay silent longer than
+// bound (pick a few of its periods: a check loop with a 200 ms interval and
+// a 150 ms timeout might promise 5 s). While any registered loop is silent
+// past its bound, the process stops pinging systemd's watchdog (so systemd
+// restarts it), /healthz fails and the status endpoint names the loop.
+// Registering a name again replaces the earlier loop.
+func (rt *Runtime) Loop(name string, bound time.Duration) *Loop { return rt.sup.loop(name, bound) }
 
 // ShutdownContext is for clean-up after ctx was cancelled by a stop signal.
 func (rt *Runtime) ShutdownContext(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -94,6 +123,8 @@ func (rt *Runtime) ShutdownContext(ctx context.Context) (context.Context, contex
 // Close announces the stop, drains the bus and stops serving HTTP.
 func (rt *Runtime) Close(ctx context.Context) {
 	rt.ready.Store(false)
+	rt.sup.send(NotifyStopping, "STATUS=stopping")
+	rt.stopDiscovery()
 	rt.announce(ctx, events.ServiceStopping)
 	rt.Bus.Close()
 	rt.stopHTTP()
@@ -116,11 +147,18 @@ func (rt *Runtime) serveHTTP(addr string) error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(rt.Metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !rt.ready.Load() || rt.Bus == nil || !rt.Bus.NC.IsConnected() {
+		switch {
+		case !rt.ready.Load():
 			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
+		case rt.Bus == nil || !rt.Bus.NC.IsConnected():
+			http.Error(w, "not connected to the bus", http.StatusServiceUnavailable)
+		default:
+			if stale := staleNames(rt.sup.loopStatus()); len(stale) > 0 {
+				http.Error(w, "silent loops: "+strings.Join(stale, ", "), http.StatusServiceUnavailable)
+				return
+			}
+			_, _ = w.Write([]byte("ok\n"))
 		}
-		_, _ = w.Write([]byte("ok\n"))
 	})
 	rt.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 	go func() {

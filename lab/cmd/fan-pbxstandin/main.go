@@ -1,0 +1,167 @@
+// Command fan-pbxstandin is the compose lab's STAND-IN for an Asterisk node
+// (package pbxstandin): the AMI peer plus a SIP responder that answers
+// OPTIONS and REGISTER. It is not a PBX. Flags default to environment
+// variables so a container needs no command line, which lets the lab swap
+// in a real Asterisk image without touching anything else.
+//
+//	fan-pbxstandin                                  serve (FAN_PBX_* variables)
+//	fan-pbxstandin ctl frozen|dead|normal|status    switch the running stand-in
+//	fan-pbxstandin sip [-watch] 203.0.113.10:5060   ask who answers (a client)
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/lab/pbxstandin"
+)
+
+const defaultControl = "/run/fan-pbx/control.sock"
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "fan-pbxstandin:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) > 0 {
+		switch args[0] {
+		case "ctl":
+			return runCtl(ctx, args[1:], stdout, stderr)
+		case "sip":
+			return runSIP(ctx, args[1:], stdout, stderr)
+		case "serve":
+			args = args[1:]
+		}
+	}
+	return serve(ctx, args, stderr)
+}
+
+func env(k, def string) string {
+	if v := os.Getenv(k); v != "" {
+		return v
+	}
+	return def
+}
+
+func serve(ctx context.Context, args []string, stderr io.Writer) error {
+	fs := flag.NewFlagSet("fan-pbxstandin", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	node := fs.String("node", env("FAN_PBX_NODE", ""), "node name in every SIP answer (FAN_PBX_NODE)")
+	sip := fs.String("sip", env("FAN_PBX_SIP", "0.0.0.0:5060"), "comma-separated UDP addresses to answer SIP on; a floating one needs ip_nonlocal_bind (FAN_PBX_SIP)")
+	amiListen := fs.String("ami-listen", env("FAN_PBX_AMI_LISTEN", "127.0.0.1:5038"), "AMI TCP address (FAN_PBX_AMI_LISTEN)")
+	amiUser := fs.String("ami-user", env("FAN_PBX_AMI_USER", "fan"), "AMI username (FAN_PBX_AMI_USER)")
+	amiSecret := fs.String("ami-secret", env("FAN_PBX_AMI_SECRET", ""), "AMI secret (FAN_PBX_AMI_SECRET, required)")
+	control := fs.String("control", env("FAN_PBX_CONTROL", defaultControl), "control socket (FAN_PBX_CONTROL)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *node == "" || *amiSecret == "" {
+		return errors.New("-node and -ami-secret are required (or FAN_PBX_NODE and FAN_PBX_AMI_SECRET)")
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("service", "fan-pbxstandin", "node", *node)
+	p, err := pbxstandin.Start(pbxstandin.Config{
+		Node: *node, SIP: strings.Split(*sip, ","), Logger: log,
+		AMI: amipeer.Config{Addr: *amiListen, Username: *amiUser, Secret: *amiSecret},
+	})
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	stopCtl, err := pbxstandin.ListenControl(ctx, p, *control)
+	if err != nil {
+		return err
+	}
+	defer stopCtl()
+	log.Info("lab stand-in PBX answering (not Asterisk)", "sip", p.SIPAddrs(), "ami", p.AMIAddr(), "control", *control)
+	<-ctx.Done()
+	log.Info("stopping")
+	return nil
+}
+
+func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("fan-pbxstandin ctl", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	control := fs.String("control", env("FAN_PBX_CONTROL", defaultControl), "control socket of the running stand-in")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return fmt.Errorf("usage: fan-pbxstandin ctl [-control PATH] <%s>", pbxstandin.ControlUsage)
+	}
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	reply, err := pbxstandin.Control(cctx, *control, fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	_, err = io.WriteString(stdout, reply)
+	return err
+}
+
+// runSIP asks a SIP address who answers. With -watch it asks every
+// -interval and prints one line per change (who answers, or silence), with
+// the time since the last change, which is what an operator watches during
+// a failover.
+func runSIP(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("fan-pbxstandin sip", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	method := fs.String("method", "OPTIONS", "OPTIONS or REGISTER")
+	timeout := fs.Duration("timeout", time.Second, "wait this long for each answer")
+	watch := fs.Bool("watch", false, "keep asking and print each change")
+	interval := fs.Duration("interval", 200*time.Millisecond, "with -watch: time between requests")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 {
+		return errors.New("usage: fan-pbxstandin sip [-watch] [-method OPTIONS|REGISTER] HOST:PORT")
+	}
+	target := fs.Arg(0)
+	ask := func() string {
+		actx, cancel := context.WithTimeout(ctx, *timeout)
+		defer cancel()
+		a, err := pbxstandin.Ping(actx, *method, target)
+		if err != nil {
+			return "no answer"
+		}
+		return fmt.Sprintf("answered %s by node %s", a.Status, a.Node)
+	}
+	if !*watch {
+		r := ask()
+		fmt.Fprintf(stdout, "%s %s\n", target, r)
+		if r == "no answer" {
+			return fmt.Errorf("%s: %w", target, pbxstandin.ErrNoAnswer)
+		}
+		return nil
+	}
+	last, since := "", time.Now()
+	t := time.NewTicker(*interval)
+	defer t.Stop()
+	for {
+		if r := ask(); r != last {
+			fmt.Fprintf(stdout, "%s %s %s (after %s)\n", time.Now().UTC().Format("15:04:05.000"), target, r, time.Since(since).Round(time.Millisecond))
+			last, since = r, time.Now()
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}

@@ -1,0 +1,299 @@
+// Package pbxstandin is the compose lab's STAND-IN for an Asterisk node. It
+// is not a PBX: it answers what fan asks a PBX and what a phone's first
+// packets ask, and nothing more. It runs the AMI peer (package amipeer, byte
+// for byte what Asterisk 22 answers) and a minimal SIP responder over UDP
+// that answers OPTIONS and REGISTER with 200 OK and names the node in a
+// Server-Node header, so a client can see which node answered the floating
+// IP. An operator switches it between normal, frozen (a deadlocked Asterisk:
+// AMI accepts TCP and never answers, SIP is silent) and dead (a crashed
+// Asterisk: AMI refuses connections, SIP ports are closed) over a unix
+// control socket.
+package pbxstandin
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fanpbx/fan/lab/amipeer"
+)
+
+// Mode is how the stand-in behaves.
+type Mode string
+
+// Modes.
+const (
+	Normal Mode = "normal"
+	Frozen Mode = "frozen"
+	Dead   Mode = "dead"
+)
+
+// ParseMode accepts the names of the Mode constants.
+func ParseMode(s string) (Mode, error) {
+	switch m := Mode(s); m {
+	case Normal, Frozen, Dead:
+		return m, nil
+	}
+	return "", fmt.Errorf("pbxstandin: unknown mode %q (normal, frozen, dead)", s)
+}
+
+// Config configures a stand-in.
+type Config struct {
+	// Node names the node in every SIP answer (Server-Node header).
+	Node string
+	// SIP lists UDP addresses to answer on (host:port). A floating address
+	// the node does not hold yet binds only with net.ipv4.ip_nonlocal_bind=1,
+	// as Asterisk is run in hot standby.
+	SIP []string
+	// AMI configures the AMI peer (Addr, Username, Secret at least).
+	AMI    amipeer.Config
+	Logger *slog.Logger
+}
+
+// PBX is a running stand-in.
+type PBX struct {
+	cfg Config
+	log *slog.Logger
+	ami *amipeer.Peer
+
+	mu    sync.Mutex
+	mode  Mode
+	conns []*net.UDPConn
+	wg    sync.WaitGroup
+}
+
+// Start starts the AMI peer and the SIP responder in Normal mode.
+func Start(cfg Config) (*PBX, error) {
+	if cfg.Node == "" {
+		return nil, errors.New("pbxstandin: node name required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	cfg.AMI.Logger = cfg.Logger.With("component", "ami")
+	if cfg.AMI.SystemName == "" {
+		cfg.AMI.SystemName = cfg.Node
+	}
+	ami, err := amipeer.Start(cfg.AMI)
+	if err != nil {
+		return nil, fmt.Errorf("pbxstandin: %w", err)
+	}
+	cfg.SIP = append([]string(nil), cfg.SIP...)
+	p := &PBX{cfg: cfg, log: cfg.Logger, ami: ami, mode: Normal}
+	p.mu.Lock()
+	err = p.openSIP()
+	p.mu.Unlock()
+	if err != nil {
+		ami.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// AMIAddr is where the AMI peer listens.
+func (p *PBX) AMIAddr() string { return p.ami.Addr() }
+
+// SIPAddrs are the bound SIP addresses (useful with port 0); empty while dead.
+func (p *PBX) SIPAddrs() []string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]string, len(p.conns))
+	for i, c := range p.conns {
+		out[i] = c.LocalAddr().String()
+	}
+	return out
+}
+
+// Mode reports the current mode.
+func (p *PBX) Mode() Mode {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.mode
+}
+
+// SetMode switches both faces of the stand-in at once.
+func (p *PBX) SetMode(m Mode) error {
+	if _, err := ParseMode(string(m)); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if m == p.mode {
+		return nil
+	}
+	amiMode := map[Mode]amipeer.Mode{Normal: amipeer.ModeNormal, Frozen: amipeer.ModeFrozen, Dead: amipeer.ModeDead}[m]
+	if err := p.ami.SetMode(amiMode); err != nil {
+		return fmt.Errorf("pbxstandin: ami %s: %w", m, err)
+	}
+	switch {
+	case m == Dead:
+		p.closeSIP()
+	case p.mode == Dead:
+		if err := p.openSIP(); err != nil {
+			return err
+		}
+	}
+	p.log.Info("mode changed", "from", p.mode, "to", m)
+	p.mode = m
+	return nil
+}
+
+// Close stops everything.
+func (p *PBX) Close() {
+	p.mu.Lock()
+	p.closeSIP()
+	p.mu.Unlock()
+	p.ami.Close()
+}
+
+// openSIP binds every SIP address; p.mu is held.
+func (p *PBX) openSIP() error {
+	for i, a := range p.cfg.SIP {
+		ua, err := net.ResolveUDPAddr("udp", a)
+		if err != nil {
+			p.closeSIP()
+			return fmt.Errorf("pbxstandin: sip address %q: %w", a, err)
+		}
+		c, err := net.ListenUDP("udp", ua)
+		if err != nil {
+			p.closeSIP()
+			return fmt.Errorf("pbxstandin: sip listen %s (a floating address needs net.ipv4.ip_nonlocal_bind=1): %w", a, err)
+		}
+		// Keep the port chosen for ":0", so the stand-in comes back on the
+		// same address after Dead.
+		p.cfg.SIP[i] = c.LocalAddr().String()
+		p.conns = append(p.conns, c)
+		p.wg.Add(1)
+		go p.serveSIP(c)
+	}
+	return nil
+}
+
+// closeSIP closes the sockets and waits for their readers; p.mu is held.
+func (p *PBX) closeSIP() {
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+	p.wg.Wait()
+}
+
+func (p *PBX) serveSIP(c *net.UDPConn) {
+	defer p.wg.Done()
+	buf := make([]byte, 65535)
+	for {
+		n, from, err := c.ReadFromUDP(buf)
+		if err != nil {
+			return
+		}
+		if p.frozen() {
+			continue
+		}
+		if resp := Respond(buf[:n], p.cfg.Node); resp != nil {
+			if _, err := c.WriteToUDP(resp, from); err != nil {
+				p.log.Warn("sip reply", "to", from.String(), "err", err)
+			}
+		}
+	}
+}
+
+// frozen is read without p.mu: SetMode holds it while closing sockets,
+// whose readers must not block on it.
+func (p *PBX) frozen() bool { return p.ami.Mode() == amipeer.ModeFrozen }
+
+// ControlUsage lists the control commands.
+const ControlUsage = "normal | frozen | dead | status"
+
+// Exec runs one control command and returns its reply.
+func Exec(p *PBX, cmd string) (string, error) {
+	switch cmd = strings.TrimSpace(cmd); cmd {
+	case "status":
+		b, _ := json.Marshal(map[string]any{"node": p.cfg.Node, "mode": p.Mode(), "sip": p.SIPAddrs(), "ami": p.AMIAddr()})
+		return string(b) + "\n", nil
+	default:
+		m, err := ParseMode(cmd)
+		if err != nil {
+			return "", fmt.Errorf("%w; commands: %s", err, ControlUsage)
+		}
+		if err := p.SetMode(m); err != nil {
+			return "", err
+		}
+		return "ok " + string(m) + "\n", nil
+	}
+}
+
+// ListenControl serves control commands on a unix socket (one command line
+// per connection, one reply, close; "error: " starts a failed reply). It is
+// reached with `docker compose exec` in the lab, where no shell exists.
+func ListenControl(ctx context.Context, p *PBX, path string) (func(), error) {
+	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
+		return nil, fmt.Errorf("pbxstandin: control dir: %w", err)
+	}
+	_ = os.Remove(path) // a socket left by an earlier run
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("pbxstandin: control listen %s: %w", path, err)
+	}
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			line, _ := bufio.NewReader(c).ReadString('\n')
+			reply, err := Exec(p, line)
+			if err != nil {
+				reply = "error: " + err.Error() + "\n"
+			}
+			_, _ = io.WriteString(c, reply)
+			c.Close()
+		}
+	}()
+	stop := func() { ln.Close(); wg.Wait() }
+	go func() { <-ctx.Done(); stop() }()
+	return stop, nil
+}
+
+// Control sends one command to a running stand-in.
+func Control(ctx context.Context, path, cmd string) (string, error) {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", path)
+	if err != nil {
+		return "", fmt.Errorf("pbxstandin: control %s: %w", path, err)
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		_ = c.SetDeadline(dl)
+	}
+	if _, err := io.WriteString(c, cmd+"\n"); err != nil {
+		return "", fmt.Errorf("pbxstandin: control send: %w", err)
+	}
+	b, err := io.ReadAll(c)
+	if err != nil {
+		return "", fmt.Errorf("pbxstandin: control reply: %w", err)
+	}
+	if r := string(b); strings.HasPrefix(r, "error: ") {
+		return "", errors.New(strings.TrimSpace(strings.TrimPrefix(r, "error: ")))
+	}
+	return string(b), nil
+}
+
+func dirOf(path string) string {
+	if i := strings.LastIndexByte(path, '/'); i > 0 {
+		return path[:i]
+	}
+	return "."
+}
