@@ -96,17 +96,17 @@ type Config struct {
 	// deterministic under test.
 	NewID func() string
 
-	SilentAfter  time.Duration // bus silence after which a node counts as silent
+	SilentAfter time.Duration // bus silence after which a node counts as silent
 	// PresenceMisses beacon intervals plus PresenceGrace without a beacon
 	// make a node that sends beacons silent (defaults 3 and 50 ms).
 	PresenceMisses int
 	PresenceGrace  time.Duration
-	ClaimTimeout time.Duration // a claim not confirmed within this is given up
-	CommandTTL   time.Duration // NotAfter = now + CommandTTL on every command
-	HoldDown     time.Duration // no discretionary move within this of the last move
-	RetryBackoff time.Duration // a node whose claim failed is skipped this long
-	SettleAfter  time.Duration // at start, wait this long for unheard higher-priority nodes (default SilentAfter)
-	ClockSkew    time.Duration // how far an executor's clock may lag (claims expire this long before ClaimTimeout)
+	ClaimTimeout   time.Duration // a claim not confirmed within this is given up
+	CommandTTL     time.Duration // NotAfter = now + CommandTTL on every command
+	HoldDown       time.Duration // no discretionary move within this of the last move
+	RetryBackoff   time.Duration // a node whose claim failed is skipped this long
+	SettleAfter    time.Duration // at start, wait this long for unheard higher-priority nodes (default SilentAfter)
+	ClockSkew      time.Duration // how far an executor's clock may lag (claims expire this long before ClaimTimeout)
 	// MaxMovesPerHour caps automatic moves per group; 0 takes the default,
 	// negative disables the cap.
 	MaxMovesPerHour int

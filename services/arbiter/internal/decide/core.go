@@ -54,12 +54,12 @@ type nodeState struct {
 	lastBeacon  time.Time
 	beaconEvery time.Duration
 	lastHB      time.Time // the arbiter's time
-	heardSince time.Time // the arbiter's time since when the node has been heard without a silence
-	hbInterval time.Duration
-	hbRef      ref
-	channels   *int                // active channels in its last heartbeat; nil when its prober does not know
-	checks     map[string]struct{} // check names this node's prober reported
-	groups     []int
+	heardSince  time.Time // the arbiter's time since when the node has been heard without a silence
+	hbInterval  time.Duration
+	hbRef       ref
+	channels    *int                // active channels in its last heartbeat; nil when its prober does not know
+	checks      map[string]struct{} // check names this node's prober reported
+	groups      []int
 }
 
 type claim struct {
