@@ -14,6 +14,7 @@ import (
 	"net/netip"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -92,13 +93,15 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 // open prepares everything that touches the node, before the bus: a
 // misconfigured interface or an unreadable state file fails at start-up,
 // not at the first failover.
-func (s *Service) open() (closeAll func(), err error) {
+func (s *Service) open() (_ func(), err error) {
 	var closers []func()
-	closeAll = func() {
+	closeAll := func() {
 		for _, c := range slices.Backward(closers) {
 			c()
 		}
 	}
+	// closeAll is a local, not the named result: an error return sets the
+	// result to nil before this deferred clean-up runs.
 	defer func() {
 		if err != nil {
 			closeAll()
@@ -133,8 +136,13 @@ func (s *Service) open() (closeAll func(), err error) {
 		// Hot standby: Asterisk binds the floating address at start-up
 		// although it is absent, so claiming it is all it takes
 		// (facts/asterisk22.md, point 4). Asterisk must start after this.
+		// Write only what differs: in a container /proc/sys is read-only,
+		// and the operator sets these with the container's sysctls instead.
 		sys := sysctl.Namespace{NS: s.ns}
 		for _, k := range []string{"net.ipv4.ip_nonlocal_bind", "net.ipv6.ip_nonlocal_bind"} {
+			if v, err := sys.Get(k); err == nil && strings.TrimSpace(v) == "1" {
+				continue
+			}
 			if err := sys.Set(k, "1"); err != nil {
 				return nil, fmt.Errorf("answer mode hot: %w", err)
 			}

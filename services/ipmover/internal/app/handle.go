@@ -60,7 +60,13 @@ func (s *Service) handle(ctx context.Context, env events.Envelope, cmd events.Co
 	switch v := s.fence.Check(env.ID, env.Epoch, cmd.Deadline(), received); v {
 	case fence.Apply:
 		// Record before acting: at most once, even if we crash half-way.
-		if err := s.fence.Record(env.ID, env.Epoch); err != nil {
+		// A claim's addresses are recorded too, so a release without the
+		// bus (ExecStopPost after a crash) knows them.
+		var managed []string
+		if c, ok := cmd.(*events.ClaimIP); ok {
+			managed = c.Addresses
+		}
+		if err := s.fence.Record(env.ID, env.Epoch, managed...); err != nil {
 			outcome, applyErr = events.OutcomeFailed, fmt.Errorf("persist command record: %w", err)
 			break
 		}
@@ -499,6 +505,10 @@ func (s *Service) resync(ctx context.Context, why string) {
 			if err := s.release(rctx, g.Group, prefixes); err != nil {
 				s.log.Warn("resync: release", "group", g.Group, "err", err)
 			}
+			continue
+		}
+		if err := s.fence.Manage(g.Addresses...); err != nil {
+			s.log.Warn("resync: cannot record the addresses to hold; not taking them", "group", g.Group, "err", err)
 			continue
 		}
 		s.act.Lock()

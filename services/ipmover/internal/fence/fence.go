@@ -69,6 +69,11 @@ const DefaultKeep = 256
 type State struct {
 	MaxEpoch uint64   `json:"max_epoch"`
 	Recent   []string `json:"recent"`
+	// Managed lists every address this node was ever told to hold. It is
+	// recorded with the claim, before the address is added, so a release
+	// without the bus (systemd's ExecStopPost after a crash) knows what to
+	// remove even for IPv6 addresses, which carry no label.
+	Managed []string `json:"managed,omitempty"`
 }
 
 // Check decides what to do with a command. A duplicate is recognised before
@@ -90,9 +95,14 @@ func (s *State) Check(cmdID string, epoch uint64, notAfter, now time.Time) Verdi
 
 // Record notes that cmdID of epoch is being applied, remembering at most
 // keep ids (DefaultKeep when keep <= 0).
-func (s *State) Record(cmdID string, epoch uint64, keep int) {
+func (s *State) Record(cmdID string, epoch uint64, keep int, managed ...string) {
 	if keep <= 0 {
 		keep = DefaultKeep
+	}
+	for _, a := range managed {
+		if !slices.Contains(s.Managed, a) {
+			s.Managed = append(s.Managed, a)
+		}
 	}
 	s.MaxEpoch = max(s.MaxEpoch, epoch)
 	if !slices.Contains(s.Recent, cmdID) {
@@ -104,5 +114,5 @@ func (s *State) Record(cmdID string, epoch uint64, keep int) {
 }
 
 func (s *State) clone() State {
-	return State{MaxEpoch: s.MaxEpoch, Recent: slices.Clone(s.Recent)}
+	return State{MaxEpoch: s.MaxEpoch, Recent: slices.Clone(s.Recent), Managed: slices.Clone(s.Managed)}
 }

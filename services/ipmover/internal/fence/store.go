@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 )
@@ -81,11 +82,36 @@ func (s *Store) Check(cmdID string, epoch uint64, notAfter, now time.Time) Verdi
 // before carrying the command out: a crash in between then loses the command
 // (the arbiter retries with a new id) rather than applying it twice. On error
 // nothing is recorded, in memory either, and the command must not be applied.
-func (s *Store) Record(cmdID string, epoch uint64) error {
+//
+// managed are the addresses the command may put on the interface (a
+// claim's); they are remembered for a release without the bus.
+func (s *Store) Record(cmdID string, epoch uint64, managed ...string) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	next := s.state.clone()
-	next.Record(cmdID, epoch, s.keep)
+	next.Record(cmdID, epoch, s.keep, managed...)
+	if err := writeAtomic(s.path, fileFormat{Version: fileVersion, State: next}); err != nil {
+		return err
+	}
+	s.state = next
+	return nil
+}
+
+// Manage remembers addresses this node is about to hold without a command
+// (a restart re-taking what the arbiter's state says it holds). It writes
+// only when something is new.
+func (s *Store) Manage(addrs ...string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := s.state.clone()
+	for _, a := range addrs {
+		if !slices.Contains(next.Managed, a) {
+			next.Managed = append(next.Managed, a)
+		}
+	}
+	if len(next.Managed) == len(s.state.Managed) {
+		return nil
+	}
 	if err := writeAtomic(s.path, fileFormat{Version: fileVersion, State: next}); err != nil {
 		return err
 	}

@@ -160,7 +160,10 @@ func (m *Manager) Delete(p netip.Prefix) error {
 	if err != nil {
 		return err
 	}
-	if err := m.h.AddrDel(l, m.nlAddr(p)); err != nil && !isAbsent(err) {
+	// Delete by address alone: the kernel only deletes an IPv4 address
+	// whose label matches the one given, and an address that must go may
+	// carry another label (added by hand, or by an older fan).
+	if err := m.h.AddrDel(l, &netlink.Addr{IPNet: prefixToIPNet(p)}); err != nil && !isAbsent(err) {
 		return fmt.Errorf("vip: delete %s from %s: %w", p, m.ifname, err)
 	}
 	return nil
