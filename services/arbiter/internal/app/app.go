@@ -162,6 +162,10 @@ func (s *Service) Run(ctx context.Context) error {
 
 		t := time.NewTicker(tickEvery)
 		defer t.Stop()
+		// The watchdog counts the decision loop alive while it ticks; a
+		// loop stuck in a publish for seconds is worth a restart.
+		alive := rt.Loop("decide", 10*time.Second)
+		defer alive.Done()
 		for {
 			select {
 			case <-ctx.Done():
@@ -179,6 +183,7 @@ func (s *Service) Run(ctx context.Context) error {
 					s.leadership(ctx, ch)
 				}
 			case now := <-t.C:
+				alive.Alive()
 				s.execute(ctx, s.core.Tick(now))
 				s.writeStatus(ctx, now)
 			}

@@ -205,8 +205,12 @@ func (s *Service) Run(ctx context.Context) error {
 		bgCtx, stopBG := context.WithCancel(context.WithoutCancel(ctx))
 		defer stopBG()
 		var wg sync.WaitGroup
+		// The watchdog counts the reconcile loop alive while it turns (at
+		// least once a period).
+		alive := rt.Loop("reconcile", 3*s.cfg.ReconcilePeriod.D()+5*time.Second)
 		wg.Go(func() {
-			if err := s.loop.Run(bgCtx); err != nil {
+			defer alive.Done()
+			if err := s.loop.RunTurning(bgCtx, alive.Alive); err != nil {
 				s.log.Error("reconcile loop stopped", "err", err)
 			}
 		})

@@ -203,12 +203,17 @@ func comparePrefix(a, b netip.Prefix) int {
 
 // Run reconciles now, then every Period and on every Changed signal or
 // SetDesired, until ctx is done. Announcement schedules end with it.
-func (l *Loop) Run(ctx context.Context) error {
+func (l *Loop) Run(ctx context.Context) error { return l.RunTurning(ctx, func() {}) }
+
+// RunTurning is Run, calling turned before every pass, so a supervisor (the
+// systemd watchdog) can tell a loop that turns from one that is stuck.
+func (l *Loop) RunTurning(ctx context.Context, turned func()) error {
 	defer l.stopAllAnnouncements()
 	t := time.NewTicker(l.cfg.Period)
 	defer t.Stop()
 	changed := l.cfg.Changed
 	for {
+		turned()
 		if err := l.Reconcile(ctx); err != nil && ctx.Err() == nil {
 			l.log.Warn("reconcile pass failed", "err", err)
 		}

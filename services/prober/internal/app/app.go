@@ -85,16 +85,23 @@ func (s *Service) Run(ctx context.Context) error {
 			c := checkers[i]
 			s.setState(cc, events.CheckState{TargetNode: cc.TargetNode, Role: cc.Role, Health: events.HealthUnknown, Since: time.Now()})
 			wg.Add(1)
+			// The watchdog counts the loop alive while it turns: a run takes
+			// at most the timeout, so three intervals without a turn mean
+			// it is stuck.
+			alive := rt.Loop("check-"+cc.Name, 3*cc.Interval.D()+cc.Timeout.D()+time.Second)
 			go func() {
 				defer wg.Done()
 				defer c.Close()
-				s.loop(ctx, rt.Bus, cc, c)
+				defer alive.Done()
+				s.loop(ctx, rt.Bus, cc, c, alive.Alive)
 			}()
 		}
 		wg.Add(2)
+		hbAlive := rt.Loop("heartbeat", 3*s.cfg.HeartbeatInterval.D()+time.Second)
 		go func() {
 			defer wg.Done()
-			s.heartbeats(ctx, rt.Bus)
+			defer hbAlive.Done()
+			s.heartbeats(ctx, rt.Bus, hbAlive.Alive)
 		}()
 		go func() {
 			defer wg.Done()
@@ -144,7 +151,7 @@ func (s *Service) newChecker(cc CheckConfig) (check.Checker, error) {
 // loop runs one check on its interval. Runs never overlap: the timeout is
 // below the interval (validated), so a hung PBX costs one timeout per
 // interval, never a pile of goroutines.
-func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.Checker) {
+func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.Checker, turned func()) {
 	log := s.log.With("check", cc.Name, "target_node", cc.TargetNode)
 	tr := health.New(cc.Rise, cc.Fall)
 	var lastPublished time.Time
@@ -152,6 +159,7 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 	t := time.NewTicker(cc.Interval.D())
 	defer t.Stop()
 	for {
+		turned()
 		if j := cc.Jitter.D(); j > 0 {
 			select {
 			case <-ctx.Done():
@@ -335,12 +343,13 @@ func (s *Service) beacons(ctx context.Context, b *bus.Bus) {
 	}
 }
 
-func (s *Service) heartbeats(ctx context.Context, b *bus.Bus) {
+func (s *Service) heartbeats(ctx context.Context, b *bus.Bus, turned func()) {
 	sampler := telemetry.NewSampler()
 	t := time.NewTicker(s.cfg.HeartbeatInterval.D())
 	defer t.Stop()
 	var seq uint64
 	for {
+		turned()
 		seq++
 		hb := events.NodeHeartbeat{Node: s.cfg.Node, Seq: seq, IntervalMS: s.cfg.HeartbeatInterval.D().Milliseconds(), Version: s.version}
 		if smp, err := sampler.Read(); err != nil {

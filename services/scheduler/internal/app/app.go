@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 	_ "time/tzdata" // named zones must resolve in a FROM scratch image too
 
@@ -29,11 +30,17 @@ const maxSleep = time.Hour
 
 // Service is a configured scheduler.
 type Service struct {
-	cfg       Config
-	log       *slog.Logger
-	version   string
+	cfg     Config
+	log     *slog.Logger
+	version string
+	now     func() time.Time
+	path    string // for SIGHUP reloads
+
+	// mu guards what a reload replaces: the windows, tick and plan settings.
+	mu        sync.Mutex
 	schedules map[string]window.Schedule
-	now       func() time.Time
+	// wake re-arms the loop's timer after a reload.
+	wake chan struct{}
 }
 
 // Build loads the configuration; it starts nothing.
@@ -42,7 +49,12 @@ func Build(o daemon.Options) (daemon.Service, error) {
 	if err := config.Load(o.ConfigPath, &cfg); err != nil {
 		return nil, err
 	}
-	return New(cfg, o.Logger, o.Version)
+	s, err := New(cfg, o.Logger, o.Version)
+	if err != nil {
+		return nil, err
+	}
+	s.path = o.ConfigPath
+	return s, nil
 }
 
 // New builds a scheduler from a validated configuration.
@@ -51,7 +63,8 @@ func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, schedules: sch, now: time.Now}, nil
+	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, schedules: sch, now: time.Now,
+		wake: make(chan struct{}, 1)}, nil
 }
 
 // Run joins the bus and emits permits until ctx ends.
@@ -73,11 +86,15 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
 		case <-ctx.Done():
 			return nil
 		case <-timer.C:
+		case <-s.wake:
 		}
 		now := s.now()
 		wake := now.Add(maxSleep)
-		for _, g := range s.cfg.Groups {
-			tick, next := s.schedules[g.Name].At(now, s.cfg.TickEvery.D())
+		s.mu.Lock()
+		groups, schedules, tickEvery := s.cfg.Groups, s.schedules, s.cfg.TickEvery.D()
+		s.mu.Unlock()
+		for _, g := range groups {
+			tick, next := schedules[g.Name].At(now, tickEvery)
 			if next.Before(wake) {
 				wake = next
 			}
@@ -107,6 +124,8 @@ func (s *Service) publish(ctx context.Context, b *bus.Bus, group string, t *wind
 
 // Plan computes what `fanctl windows` shows: each group's open window and next ones.
 func (s *Service) Plan(now time.Time, node string) events.SchedulePlan {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	plan := events.SchedulePlan{Cluster: s.cfg.Cluster, UpdatedAt: now.UTC(), UpdatedBy: node}
 	for _, g := range s.cfg.Groups {
 		gs := events.GroupSchedule{Group: g.Name, Windows: []events.PlannedWindow{}}
@@ -137,4 +156,35 @@ func (s *Service) writePlan(ctx context.Context, kv interface {
 	if _, err := kv.Put(pctx, events.ScheduleKey(s.cfg.Cluster), b); err != nil {
 		s.log.Warn("plan not written", "err", fmt.Errorf("put %s: %w", events.ScheduleKey(s.cfg.Cluster), err))
 	}
+}
+
+// Reload applies a changed configuration file on SIGHUP. Windows, blackout
+// dates, tick and plan settings apply at once (the timer is re-armed, so a
+// window opened by the edit starts ticking now); the cluster, node, bus and
+// HTTP keys need a restart and are reported as such.
+func (s *Service) Reload(ctx context.Context) error {
+	var next Config
+	if err := config.Load(s.path, &next); err != nil {
+		return err
+	}
+	sch, err := next.schedules()
+	if err != nil {
+		return fmt.Errorf("config %s: %w", s.path, err)
+	}
+	s.mu.Lock()
+	// Only what the loop reads under the lock is replaced: the common keys
+	// are read without it, and need a restart anyway.
+	restart := daemon.CommonRestartKeys(s.cfg.Common, next.Common)
+	s.cfg.Groups, s.cfg.TickEvery, s.cfg.PlanAhead = next.Groups, next.TickEvery, next.PlanAhead
+	s.schedules = sch
+	s.mu.Unlock()
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+	s.log.Info("windows reloaded", "groups", len(next.Groups))
+	if len(restart) > 0 {
+		return &daemon.RestartRequired{Keys: restart}
+	}
+	return nil
 }
