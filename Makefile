@@ -3,6 +3,7 @@
 #   make test    go vet, gofmt check, every module's tests with -race (root: also the namespace end-to-end test)
 #   make lab     the namespace lab: a real failover, printed as a timeline
 #   make deps    install what the lab and the tests need on Debian 12 (root)
+#   make bench-failover  fan and keepalived side by side in namespaces (CYCLES=30, FLAP=5m)
 #   make install         binaries, systemd units and example configs under DESTDIR/PREFIX
 #   make images          the compose lab's images (FROM scratch, nothing pulled)
 #   make compose-test    the compose lab: up, a failover, down (docker)
@@ -27,9 +28,10 @@ BINARIES := \
 	fan-nats:cmd:./fan-nats \
 	fan-amipeer:lab:./cmd/fan-amipeer \
 	fan-pbxstandin:lab:./cmd/fan-pbxstandin \
-	fan-lab:cmd:./fan-lab
+	fan-lab:cmd:./fan-lab \
+	fan-bench:lab:./cmd/fan-bench
 
-.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz deps install images compose-test systemd-verify
+.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz deps install images compose-test systemd-verify bench-failover
 
 all: build
 
@@ -67,6 +69,13 @@ fuzz:
 
 lab: build
 	$(BIN)/fan-lab -bin $(BIN)
+
+# Failover time from the client's side, fan and keepalived in the same
+# topology and run: pbx-death, node-crash, link-cut, then the flap scenario.
+CYCLES ?= 30
+FLAP   ?= 5m
+bench-failover: build
+	$(BIN)/fan-bench -bin $(BIN) -cycles $(CYCLES) -flap $(FLAP)
 
 # Debian packages: Kamailio (the SIP server answering on the floating IP in
 # the lab), SIPp, iproute2 for namespaces.

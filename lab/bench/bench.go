@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/netlab"
+	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -207,4 +209,23 @@ func Line(s Scenario, fan, ka []Cycle) string {
 	fp99, kp99 := Percentile(fan, 99), Percentile(ka, 99)
 	return fmt.Sprintf("scenario=%s cycles=%d fan_p50_ms=%.0f fan_p99_ms=%.0f keepalived_p50_ms=%.0f keepalived_p99_ms=%.0f ratio_p99=%.2f",
 		s, min(len(fan), len(ka)), Percentile(fan, 50), fp99, Percentile(ka, 50), kp99, fp99/kp99)
+}
+
+// CountMoves counts the arbiter's decisions that moved a group (failover,
+// switchover, failback, retry) and, among them, the failbacks.
+func CountMoves(evs []stack.Event) (moves, failbacks int) {
+	for _, e := range evs {
+		d, ok := e.Payload.(*events.ArbiterDecision)
+		if !ok {
+			continue
+		}
+		switch d.Action {
+		case events.ActionFailover, events.ActionSwitchover, events.ActionRetry:
+			moves++
+		case events.ActionFailback:
+			moves++
+			failbacks++
+		}
+	}
+	return moves, failbacks
 }

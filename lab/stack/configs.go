@@ -8,6 +8,7 @@ node: {{.Node}}
 bus:
   url: {{.NATS}}
 heartbeat_interval: 1s
+presence_interval: {{.PresenceInterval}}
 checks:
   - name: pbx-ami
     kind: ami

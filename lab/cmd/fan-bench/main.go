@@ -58,9 +58,10 @@ func run() error {
 	cycles := flag.Int("cycles", 30, "failovers per scenario and system")
 	only := flag.String("scenarios", "pbx-death,node-crash,link-cut", "comma-separated scenarios")
 	systems := flag.String("systems", "fan,keepalived", "comma-separated systems to measure")
-	advert := flag.Float64("advert", 0.05, "keepalived VRRPv3 advert interval in seconds (fan's peer-probe interval)")
+	advert := flag.Float64("advert", 0.05, "keepalived VRRPv3 advert interval in seconds, also fan's peer-probe and presence-beacon interval")
 	fall := flag.Int("fall", 3, "consecutive misses before acting, on both sides")
 	verbose := flag.Bool("v", false, "print every cycle")
+	flapFor := flag.Duration("flap", 5*time.Minute, "length of the flap scenario (primary's PBX toggling every 5 s); 0 skips it")
 	flag.Parse()
 	absBin, err := filepath.Abs(*bin)
 	if err != nil {
@@ -91,7 +92,78 @@ func run() error {
 	for _, sc := range scenarios {
 		fmt.Println(bench.Line(sc, results["fan"][sc], results["keepalived"][sc]))
 	}
+	if *flapFor > 0 {
+		line, err := flap(ctx, log, absBin, *flapFor, *advert, *fall, *verbose)
+		if err != nil {
+			return fmt.Errorf("flap: %w", err)
+		}
+		fmt.Println(line)
+	}
 	return nil
+}
+
+// flap toggles the holder's PBX every 5 s with no failback window open and
+// counts, from the audit trail, how often the address moved and how often
+// it moved back.
+func flap(ctx context.Context, log *slog.Logger, bin string, d time.Duration, advert float64, fall int, verbose bool) (string, error) {
+	l, err := netlab.Build(ctx, netlab.Spec{Logger: log})
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	st, err := stack.Start(ctx, l, fanOptions(bin, log, advert, fall))
+	if st != nil {
+		defer st.Stop()
+	}
+	if err != nil {
+		return "", err
+	}
+	c, err := bench.NewClient(l)
+	if err != nil {
+		return "", err
+	}
+	defer c.Close()
+	primary, err := c.Holder(ctx, 30*time.Second)
+	if err != nil {
+		return "", err
+	}
+	toggles, dead := 0, false
+	end := time.Now().Add(d)
+	for time.Now().Before(end) && ctx.Err() == nil {
+		if dead {
+			err = st.ThawPBX(ctx, primary)
+		} else {
+			err = st.KillPBX(ctx, primary)
+		}
+		if err != nil {
+			return "", err
+		}
+		dead = !dead
+		toggles++
+		if verbose {
+			fmt.Fprintf(os.Stderr, "flap: %s's PBX %s\n", primary, map[bool]string{true: "down", false: "up"}[dead])
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(5 * time.Second):
+		}
+	}
+	if dead {
+		_ = st.ThawPBX(ctx, primary)
+	}
+	evs, err := st.Events(ctx)
+	if err != nil {
+		return "", err
+	}
+	moves, failbacks := bench.CountMoves(evs)
+	return fmt.Sprintf("scenario=flap duration_s=%.0f toggles=%d moves=%d failbacks=%d", d.Seconds(), toggles, moves, failbacks), nil
+}
+
+// fanOptions gives fan the budgets the comparison asks for: its peer probes
+// and presence beacons at keepalived's advert interval, the same fall.
+func fanOptions(bin string, log *slog.Logger, advert float64, fall int) stack.Options {
+	every := time.Duration(advert * float64(time.Second))
+	return stack.Options{BinDir: bin, Log: log, Fall: fall, PeerInterval: every, PeerTimeout: every * 4 / 5, PresenceInterval: every}
 }
 
 // measure runs one system through one scenario on a fresh lab, so one
@@ -105,7 +177,7 @@ func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scen
 	var sys bench.System
 	switch system {
 	case "fan":
-		st, err := stack.Start(ctx, l, stack.Options{BinDir: bin, Log: log, Fall: fall})
+		st, err := stack.Start(ctx, l, fanOptions(bin, log, advert, fall))
 		if st != nil {
 			defer st.Stop()
 		}
