@@ -43,8 +43,11 @@ type Options struct {
 	// PeerInterval and PeerTimeout time each node's probes of its peers'
 	// PBX, the evidence that tells a dead node from one cut off the bus.
 	PeerInterval, PeerTimeout time.Duration
-	Rise, Fall                int
-	Log                       *slog.Logger
+	// PresenceInterval is the prober's presence beacon period; the arbiter
+	// counts a node silent after 3 missed beacons.
+	PresenceInterval time.Duration
+	Rise, Fall       int
+	Log              *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -65,6 +68,9 @@ func (o *Options) defaults() {
 	}
 	if o.PeerTimeout == 0 {
 		o.PeerTimeout = min(o.Timeout, o.PeerInterval*3/4)
+	}
+	if o.PresenceInterval == 0 {
+		o.PresenceInterval = 100 * time.Millisecond
 	}
 	if o.Rise == 0 {
 		o.Rise = 2
@@ -131,6 +137,7 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		"VIP": l.FloatingIP().String(), "AMIAddr": amiAddr, "AMIUser": amiUser, "AMISecret": amiSecret,
 		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
 		"PeerInterval": o.PeerInterval.String(), "PeerTimeout": o.PeerTimeout.String(), "Dir": s.dir,
+		"PresenceInterval": o.PresenceInterval.String(),
 	}
 	for _, n := range nodes {
 		if err := s.StartNode(ctx, n.Name); err != nil {
@@ -462,3 +469,154 @@ func (s *Stack) Stop() {
 }
 
 var execLookPath = exec.LookPath
+
+// The methods below exist for the chaos suite (lab/chaos): they fault and
+// heal single parts of a running stack. They touch nothing the methods
+// above rely on.
+
+// KillService sends SIGKILL to one process the stack started (for example
+// host "n1", name "fan-ipmover"; "ctl", "fan-arbiter"), the way a crash
+// would end it: no shutdown handler runs, so an ipmover leaves its
+// addresses behind.
+func (s *Stack) KillService(host, name string) error {
+	p := s.Proc(host, name)
+	if p == nil {
+		return fmt.Errorf("kill %s on %s: not started by this stack", name, host)
+	}
+	if err := p.Kill(); err != nil {
+		return fmt.Errorf("kill %s on %s: %w", name, host, err)
+	}
+	return nil
+}
+
+// RestartService starts a process the stack started earlier again, with the
+// same arguments and config file, once it is no longer running. Node
+// processes go through StartNode, which restarts whatever of that node is
+// not running.
+func (s *Stack) RestartService(ctx context.Context, host, name string) error {
+	if p := s.Proc(host, name); p != nil && !p.Exited() {
+		return fmt.Errorf("restart %s on %s: still running (pid %d)", name, host, p.Pid())
+	}
+	if host != netlab.ControlHost {
+		return s.StartNode(ctx, host)
+	}
+	switch name {
+	case "fan-nats":
+		return s.StartNATS(ctx)
+	case "fan-arbiter", "fan-scheduler":
+		// Start wrote the config under this name; reusing the file keeps
+		// anything AppendConfig added.
+		cfg := filepath.Join(s.dir, host+"-"+strings.TrimPrefix(name, "fan-")+".yaml")
+		return s.start(host, name, "-config", cfg)
+	}
+	return fmt.Errorf("restart %s on %s: unknown service", name, host)
+}
+
+// AppendConfig appends YAML to the config file Start wrote for svc
+// ("arbiter", ...) on host; it takes effect at the next RestartService. It
+// is for top-level keys the lab templates do not set (the strict decoder
+// refuses a key given twice). Node services' files are rewritten by
+// StartNode, so this only lasts for the control host's services.
+func (s *Stack) AppendConfig(host, svc, yaml string) error {
+	p := filepath.Join(s.dir, host+"-"+svc+".yaml")
+	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
+	if err != nil {
+		return fmt.Errorf("append to %s config: %w", svc, err)
+	}
+	_, werr := f.WriteString("\n" + yaml)
+	if err := errors.Join(werr, f.Close()); err != nil {
+		return fmt.Errorf("append to %s config: %w", svc, err)
+	}
+	return nil
+}
+
+// NATSURL is the bus address every service of the stack uses.
+func (s *Stack) NATSURL() string {
+	ctl, _ := s.Lab.Host(netlab.ControlHost)
+	return fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort)
+}
+
+// StopNATS stops fan-nats gracefully (SIGTERM, so JetStream flushes its
+// store); every service loses the bus until StartNATS.
+func (s *Stack) StopNATS() error {
+	p := s.Proc(netlab.ControlHost, "fan-nats")
+	if p == nil {
+		return errors.New("stop nats: not started by this stack")
+	}
+	if err := p.Stop(); err != nil {
+		return fmt.Errorf("stop nats: %w", err)
+	}
+	return nil
+}
+
+// StartNATS starts fan-nats again on the same address and store directory
+// as Start did, and returns once it accepts connections.
+func (s *Stack) StartNATS(ctx context.Context) error {
+	if p := s.Proc(netlab.ControlHost, "fan-nats"); p != nil && !p.Exited() {
+		return fmt.Errorf("start nats: still running (pid %d)", p.Pid())
+	}
+	ctl, err := s.Lab.Host(netlab.ControlHost)
+	if err != nil {
+		return err
+	}
+	addr := fmt.Sprintf("%s:%d", ctl.Addr.Addr(), natsPort)
+	if err := s.start(netlab.ControlHost, "fan-nats", "-listen", addr,
+		"-store", filepath.Join(s.dir, "nats"), "-name", "lab"); err != nil {
+		return err
+	}
+	if err := s.waitTCP(ctx, netlab.ControlHost, addr); err != nil {
+		return fmt.Errorf("nats not reachable after restart: %w", err)
+	}
+	return nil
+}
+
+// natsPartitionRules are the iptables rules that cut a node off from the
+// control host (NATS, the arbiter) and nothing else: ARP, the LAN, its
+// peers and the clients still work. The comment marks them as the lab's.
+func (s *Stack) natsPartitionRules() [][]string {
+	ctl, _ := s.Lab.Host(netlab.ControlHost)
+	a := ctl.Addr.Addr().String()
+	mark := []string{"-m", "comment", "--comment", "fan-lab-partition", "-j", "DROP"}
+	return [][]string{
+		append([]string{"INPUT", "-s", a}, mark...),
+		append([]string{"OUTPUT", "-d", a}, mark...),
+	}
+}
+
+// PartitionFromNATS drops every packet between node and the control host,
+// inside node's namespace: the node stays on the LAN and serves, but it is
+// cut off from the bus. The rules die with the namespace if never healed.
+func (s *Stack) PartitionFromNATS(ctx context.Context, node string) error {
+	if node == netlab.ControlHost {
+		return errors.New("partition from nats: the control host cannot be cut off from itself")
+	}
+	for _, r := range s.natsPartitionRules() {
+		if _, err := s.Lab.Exec(ctx, node, append([]string{"iptables", "-w", "-I"}, r...)...); err != nil {
+			return fmt.Errorf("partition %s from nats: %w", node, err)
+		}
+	}
+	return nil
+}
+
+// HealNATSPartition removes what PartitionFromNATS added (every copy, so a
+// rule added twice does not survive the heal).
+func (s *Stack) HealNATSPartition(ctx context.Context, node string) error {
+	var errs []error
+	for _, r := range s.natsPartitionRules() {
+		check := append([]string{"iptables", "-w", "-C"}, r...)
+		del := append([]string{"iptables", "-w", "-D"}, r...)
+		for i := 0; i < 16; i++ {
+			if _, err := s.Lab.Exec(ctx, node, check...); err != nil {
+				break // -C fails once no copy is left
+			}
+			if _, err := s.Lab.Exec(ctx, node, del...); err != nil {
+				errs = append(errs, err)
+				break
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("heal nats partition of %s: %w", node, err)
+	}
+	return nil
+}
