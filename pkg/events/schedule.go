@@ -35,3 +35,6 @@ type PlannedWindow struct {
 
 // ScheduleKey is where the scheduler keeps its plan.
 func ScheduleKey(cluster string) string { return "sched." + cluster + ".plan" }
+
+// AllScheduleKeys matches every cluster's schedule plan.
+func AllScheduleKeys() string { return ScheduleKey("*") }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
-	"github.com/nats-io/nats.go/jetstream"
 )
 
 type trailEntry struct {
@@ -181,37 +180,13 @@ func runWindows(ctx context.Context, args []string, cluster string, connect conn
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	b, err := connect()
-	if err != nil {
-		return err
-	}
-	defer b.Close()
-	kv, err := b.StateKV(ctx)
-	if err != nil {
-		return err
-	}
-	filter := "sched.*.plan"
+	filter := events.AllScheduleKeys()
 	if cluster != "" {
 		filter = events.ScheduleKey(cluster)
 	}
-	lister, err := kv.ListKeysFiltered(ctx, filter)
+	plans, err := readRecords[events.SchedulePlan](ctx, connect, filter)
 	if err != nil {
-		return fmt.Errorf("list plans: %w", err)
-	}
-	var plans []events.SchedulePlan
-	for k := range lister.Keys() {
-		e, err := kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", k, err)
-		}
-		var p events.SchedulePlan
-		if err := json.Unmarshal(e.Value(), &p); err != nil {
-			return fmt.Errorf("decode %s: %w", k, err)
-		}
-		plans = append(plans, p)
+		return err
 	}
 	if len(plans) == 0 {
 		fmt.Fprintln(stdout, "no failback windows published: no scheduler is running, so nothing fails back automatically")

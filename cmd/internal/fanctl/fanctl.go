@@ -290,46 +290,17 @@ func runStatus(ctx context.Context, args []string, cluster string, connect conne
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	b, err := connect()
-	if err != nil {
-		return err
-	}
-	defer b.Close()
-	kv, err := b.StateKV(ctx)
-	if err != nil {
-		return err
-	}
 	filter := events.StateKeyPrefix + ".>"
 	if cluster != "" {
 		filter = events.AllGroupStatusKeys(cluster)
 	}
-	lister, err := kv.ListKeysFiltered(ctx, filter)
+	groups, err := readRecords[events.GroupStatus](ctx, connect, filter)
 	if err != nil {
-		return fmt.Errorf("list status keys: %w", err)
+		return err
 	}
-	var keys []string
-	for k := range lister.Keys() {
-		keys = append(keys, k)
-	}
-	if len(keys) == 0 {
+	if len(groups) == 0 {
 		fmt.Fprintln(stdout, "no group status yet (is an arbiter leading?)")
 		return nil
-	}
-	sort.Strings(keys)
-	var groups []events.GroupStatus
-	for _, k := range keys {
-		e, err := kv.Get(ctx, k)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			continue
-		}
-		if err != nil {
-			return fmt.Errorf("read %s: %w", k, err)
-		}
-		var g events.GroupStatus
-		if err := json.Unmarshal(e.Value(), &g); err != nil {
-			return fmt.Errorf("decode %s: %w", k, err)
-		}
-		groups = append(groups, g)
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
@@ -422,4 +393,43 @@ func envOr(k, def string) string {
 		return v
 	}
 	return def
+}
+
+// readRecords reads every JSON record of the state bucket whose key matches
+// filter, in key order. A key deleted between listing and reading is skipped.
+func readRecords[T any](ctx context.Context, connect connector, filter string) ([]T, error) {
+	b, err := connect()
+	if err != nil {
+		return nil, err
+	}
+	defer b.Close()
+	kv, err := b.StateKV(ctx)
+	if err != nil {
+		return nil, err
+	}
+	lister, err := kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		return nil, fmt.Errorf("list %s: %w", filter, err)
+	}
+	var keys []string
+	for k := range lister.Keys() {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var out []T
+	for _, k := range keys {
+		e, err := kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("read %s: %w", k, err)
+		}
+		var v T
+		if err := json.Unmarshal(e.Value(), &v); err != nil {
+			return nil, fmt.Errorf("decode %s: %w", k, err)
+		}
+		out = append(out, v)
+	}
+	return out, nil
 }
