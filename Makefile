@@ -4,6 +4,7 @@
 #   make lab     the namespace lab: a real failover, printed as a timeline
 #   make deps    install what the lab and the tests need on Debian 12 (root)
 #   make bench-failover  fan and keepalived side by side in namespaces (CYCLES=30, FLAP=5m)
+#   make chaos           randomized faults against the invariants (DURATION=10m); exits non-zero on a breach
 #   make install         binaries, systemd units and example configs under DESTDIR/PREFIX
 #   make images          the compose lab's images (FROM scratch, nothing pulled)
 #   make compose-test    the compose lab: up, a failover, down (docker)
@@ -29,9 +30,10 @@ BINARIES := \
 	fan-amipeer:lab:./cmd/fan-amipeer \
 	fan-pbxstandin:lab:./cmd/fan-pbxstandin \
 	fan-lab:cmd:./fan-lab \
-	fan-bench:lab:./cmd/fan-bench
+	fan-bench:lab:./cmd/fan-bench \
+	fan-chaos:lab:./cmd/fan-chaos
 
-.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz deps install images compose-test systemd-verify bench-failover
+.PHONY: all build test vet fmt-check unit lab clean modules-standalone fuzz deps install images compose-test systemd-verify bench-failover chaos
 
 all: build
 
@@ -76,6 +78,12 @@ CYCLES ?= 30
 FLAP   ?= 5m
 bench-failover: build
 	$(BIN)/fan-bench -bin $(BIN) -cycles $(CYCLES) -flap $(FLAP)
+
+# Randomized faults (kill -9 of services, NATS restarts, frozen PBX, link
+# cuts, NATS-only partitions) with ARP and SIP observers; see lab/chaos.
+DURATION ?= 10m
+chaos: build
+	$(BIN)/fan-chaos -bin $(BIN) -duration $(DURATION)
 
 # Debian packages: Kamailio (the SIP server answering on the floating IP in
 # the lab), SIPp, iproute2 for namespaces.
