@@ -221,7 +221,50 @@ func (s *Service) restore(ctx context.Context) error {
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
 		return fmt.Errorf("decode arbiter state: %w", err)
 	}
+	s.replayClaimResults(ctx, st)
 	return s.core.Restore(st)
+}
+
+// replayClaimResults feeds the core, still following, the results already
+// in the trail for claims the previous leader left outstanding. A replica
+// that starts after the previous leader died never saw them (it reads new
+// events only), and would otherwise time out a claim that was in fact
+// applied, releasing a healthy holder: a needless outage and move.
+func (s *Service) replayClaimResults(ctx context.Context, st decide.State) {
+	for _, g := range st.Groups {
+		if g.Claim == nil {
+			continue
+		}
+		// Any result to this claim comes after it was issued, which is
+		// at most the command TTL before its deadline.
+		since := g.Claim.Deadline.Add(-2 * time.Minute)
+		cons, err := s.bus.JS.OrderedConsumer(ctx, bus.EventsStream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{events.CommandResultSubject(s.cfg.Cluster, g.Claim.Node)},
+			DeliverPolicy:  jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+		})
+		if err != nil {
+			s.log.Warn("restore: cannot read past claim results", "group", g.Name, "err", err)
+			continue
+		}
+		for {
+			batch, err := cons.Fetch(256, jetstream.FetchMaxWait(200*time.Millisecond))
+			if err != nil {
+				break
+			}
+			n := 0
+			for m := range batch.Messages() {
+				n++
+				env, p, err := events.Decode(m.Data())
+				if r, ok := p.(*events.CommandResult); err == nil && ok && r.CommandID == g.Claim.CommandID {
+					s.core.Handle(time.Now(), env, p)
+					s.log.Info("restore: outstanding claim already answered", "group", g.Name, "node", r.Node, "outcome", r.Outcome)
+				}
+			}
+			if n == 0 {
+				break
+			}
+		}
+	}
 }
 
 // operate answers an operator request if this replica leads. The action
