@@ -107,8 +107,18 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.lease = l
 		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Bus.Emit, s.log)
+		if hh := s.cfg.HTTPHeartbeat; hh.Listen != "" {
+			stop, err := s.serveHeartbeats(hh, rt.Bus.Emit)
+			if err != nil {
+				return err
+			}
+			defer stop()
+		}
 		regDone := make(chan struct{})
 		go func() { s.runRegistry(ctx); close(regDone) }()
+		weightsDone := make(chan struct{})
+		go func() { s.runWeights(ctx); close(weightsDone) }()
+		defer func() { <-weightsDone }()
 
 		// Operator requests: every replica listens, only the leader answers
 		// (a follower stays silent so that it never races the leader's reply).

@@ -3,12 +3,15 @@ package app
 import (
 	"fmt"
 	"net/netip"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
+	"github.com/fanpbx/fan/services/arbiter/internal/httphb"
 	"github.com/fanpbx/fan/services/arbiter/internal/registry"
 	"github.com/google/uuid"
 )
@@ -22,6 +25,61 @@ type Config struct {
 	Groups   []GroupConfig   `yaml:"groups"`
 	Policy   PolicyConfig    `yaml:"policy"`
 	Registry RegistryConfig  `yaml:"registry"`
+	// HTTPHeartbeat is seed 002's REST endpoint for hosts without a prober.
+	HTTPHeartbeat HTTPHeartbeatConfig `yaml:"http_heartbeat"`
+}
+
+// HTTPHeartbeatConfig enables POST /api/servers/heartbeat and GET
+// /api/servers when Listen is set.
+type HTTPHeartbeatConfig struct {
+	Listen string `yaml:"listen"` // host:port
+	// Token or TokenFile (one of them) is the bearer token clients send.
+	Token     string `yaml:"token"`
+	TokenFile string `yaml:"token_file"`
+	// MaxBody bounds a request body in bytes (default 4096).
+	MaxBody int64 `yaml:"max_body"`
+	// Interval is the heartbeat period these hosts use, carried in the
+	// events when the body gives none (default 60s, seed 002's cron).
+	Interval config.Duration `yaml:"interval"`
+	// Nodes may post; any other name is refused.
+	Nodes []string `yaml:"nodes"`
+}
+
+func (h *HTTPHeartbeatConfig) validate() error {
+	if h.Listen == "" {
+		return nil
+	}
+	switch {
+	case h.Token != "" && h.TokenFile != "":
+		return config.Errf("http_heartbeat.token", "set token or token_file, not both")
+	case h.TokenFile != "":
+		b, err := os.ReadFile(h.TokenFile)
+		if err != nil {
+			return &config.FieldError{Key: "http_heartbeat.token_file", Err: err}
+		}
+		h.Token = strings.TrimSpace(string(b))
+	}
+	if len(h.Token) < 16 {
+		return config.Errf("http_heartbeat.token", "a bearer token of at least 16 characters is required")
+	}
+	if h.MaxBody == 0 {
+		h.MaxBody = httphb.DefaultMaxBody
+	}
+	if h.MaxBody < 256 {
+		return config.Errf("http_heartbeat.max_body", "at least 256 bytes")
+	}
+	if h.Interval == 0 {
+		h.Interval = config.Duration(time.Minute)
+	}
+	if len(h.Nodes) == 0 {
+		return config.Errf("http_heartbeat.nodes", "list the nodes that may post heartbeats")
+	}
+	for _, n := range h.Nodes {
+		if err := events.ValidToken("node", n); err != nil {
+			return &config.FieldError{Key: "http_heartbeat.nodes", Err: err}
+		}
+	}
+	return nil
 }
 
 // RegistryConfig tunes the node registry (seed 002).
@@ -55,6 +113,30 @@ type GroupConfig struct {
 	// holder that went silent on the bus (default: all of them).
 	PeerChecks []string       `yaml:"peer_checks"`
 	Failback   FailbackConfig `yaml:"failback"`
+	// HealthFrom, for members that run no prober (a DNS site), names the
+	// observer node and its check (a peer-role quorum group targeting the
+	// member) that decide the member's health; the member is heard while
+	// the observer is.
+	HealthFrom map[string]HealthSourceConfig `yaml:"health_from"`
+	// Weights publishes load-aware dispatcher weights for the group's
+	// nodes (internal/weights: formula and hysteresis).
+	Weights WeightsConfig `yaml:"weights"`
+}
+
+// WeightsConfig enables dispatcher.weights for a group.
+type WeightsConfig struct {
+	Enabled bool `yaml:"enabled"`
+	// Threshold: a weight moves only when the computed one differs by at
+	// least this much (default 10, of 1..100)...
+	Threshold int `yaml:"threshold"`
+	// Confirm: ...in this many consecutive heartbeats (default 3).
+	Confirm int `yaml:"confirm"`
+}
+
+// HealthSourceConfig is one health_from entry.
+type HealthSourceConfig struct {
+	Observer string `yaml:"observer"`
+	Check    string `yaml:"check"`
 }
 
 // PolicyConfig tunes timing; zero values take the decision core's defaults.
@@ -117,6 +199,9 @@ func (c *Config) Validate() error {
 		if g.HealthCheck == "" {
 			return config.Errf(key("health_check"), "required")
 		}
+		if g.Weights.Threshold < 0 || g.Weights.Threshold > 99 || g.Weights.Confirm < 0 {
+			return config.Errf(key("weights"), "threshold 0..99 and confirm >= 0 (0 takes the defaults)")
+		}
 		if w := g.Failback.OnWindowClose; w != "" && w != "wait" && w != "force" {
 			return config.Errf(key("failback.on_window_close"), "want wait or force, got %q", w)
 		}
@@ -132,6 +217,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Registry.SweepEvery.D() < 100*time.Millisecond {
 		return config.Errf("registry.sweep_every", "at least 100ms, got %v", c.Registry.SweepEvery)
+	}
+	if err := c.HTTPHeartbeat.validate(); err != nil {
+		return err
 	}
 	// The decision core checks the timing arithmetic (claim_timeout,
 	// clock_skew, command_ttl) so that a bad file fails at start.
@@ -152,7 +240,14 @@ func (c *Config) decideConfig() decide.Config {
 	}
 	for _, g := range c.Groups {
 		fb := g.Failback
-		dc.Groups = append(dc.Groups, decide.Group{Name: g.Name, Addresses: g.Addresses, Nodes: g.Nodes,
+		var hf map[string]decide.HealthSource
+		for n, hs := range g.HealthFrom {
+			if hf == nil {
+				hf = map[string]decide.HealthSource{}
+			}
+			hf[n] = decide.HealthSource{Observer: hs.Observer, Check: hs.Check}
+		}
+		dc.Groups = append(dc.Groups, decide.Group{Name: g.Name, Addresses: g.Addresses, Nodes: g.Nodes, HealthFrom: hf,
 			HealthCheck: g.HealthCheck, PeerChecks: g.PeerChecks, Failback: decide.FailbackPolicy{
 				StableFor: fb.StableFor.D(), RequireReplication: fb.RequireReplication, DrainMaxChannels: fb.DrainMaxChannels,
 				OnWindowClose: decide.WindowClose(fb.OnWindowClose), ForceBefore: fb.ForceBefore.D(),

@@ -139,6 +139,20 @@ type Group struct {
 	// silent holder. Empty means every peer-role check targeting the node,
 	// which suits the usual one-peer-check-per-neighbour setup.
 	PeerChecks []string
+	// HealthFrom names, for members that run no prober of their own (a DNS
+	// site, seed 001), which observer's check about them decides their
+	// health. Such a member's bus presence is its observer's: it is heard
+	// while the observer heartbeats and silent when the observer is.
+	HealthFrom map[string]HealthSource
+}
+
+// HealthSource is the check, run by another node's prober, that stands for a
+// member's own health: typically a quorum group ("at least N of M of the
+// site's HTTP, DNS and ICMP checks up") with role peer and target_node the
+// member.
+type HealthSource struct {
+	Observer string
+	Check    string
 }
 
 // ErrConfig wraps every configuration error.
@@ -251,6 +265,37 @@ func (c *Config) validate() error {
 			if err := events.ValidToken("peer check", pc); err != nil {
 				return fmt.Errorf("%w: group %s: %v", ErrConfig, g.Name, err)
 			}
+		}
+		for n, hs := range g.HealthFrom {
+			if !nodes[n] {
+				return fmt.Errorf("%w: group %s: health_from names %s, which is not a member", ErrConfig, g.Name, n)
+			}
+			if err := events.ValidToken("health_from observer", hs.Observer); err != nil {
+				return fmt.Errorf("%w: group %s: health_from %s: %v", ErrConfig, g.Name, n, err)
+			}
+			if err := events.ValidToken("health_from check", hs.Check); err != nil {
+				return fmt.Errorf("%w: group %s: health_from %s: %v", ErrConfig, g.Name, n, err)
+			}
+			if hs.Observer == n {
+				return fmt.Errorf("%w: group %s: health_from %s names itself as observer (leave it out: its own prober counts)", ErrConfig, g.Name, n)
+			}
+		}
+	}
+	// A member without a prober borrows one observer's presence; two
+	// observers, or an observer that borrows in turn, would make "heard"
+	// ambiguous.
+	proxy := map[string]string{}
+	for _, g := range c.Groups {
+		for n, hs := range g.HealthFrom {
+			if o, ok := proxy[n]; ok && o != hs.Observer {
+				return fmt.Errorf("%w: node %s takes its health from %s and %s; one observer per node", ErrConfig, n, o, hs.Observer)
+			}
+			proxy[n] = hs.Observer
+		}
+	}
+	for n, o := range proxy {
+		if _, ok := proxy[o]; ok {
+			return fmt.Errorf("%w: node %s takes its health from %s, which takes its own from another node", ErrConfig, n, o)
 		}
 	}
 	return nil

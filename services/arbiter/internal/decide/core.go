@@ -3,6 +3,7 @@ package decide
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
 
@@ -60,6 +61,9 @@ type nodeState struct {
 	channels    *int                // active channels in its last heartbeat; nil when its prober does not know
 	checks      map[string]struct{} // check names this node's prober reported
 	groups      []int
+	// proxy is the observer whose presence stands for this node's (a
+	// member with HealthFrom, which runs no prober); "" for a normal node.
+	proxy string
 }
 
 type claim struct {
@@ -173,13 +177,26 @@ func New(cfg Config) (*Core, error) {
 		}
 		c.groups = append(c.groups, gs)
 		c.byName[g.Name] = i
-		for _, n := range g.Nodes {
+		g.HealthFrom = maps.Clone(g.HealthFrom)
+		gs.cfg.HealthFrom = g.HealthFrom
+		members := slices.Clone(g.Nodes)
+		for _, n := range slices.Sorted(maps.Keys(g.HealthFrom)) {
+			// The observer's heartbeats, beacons and transitions must reach
+			// this group even if it is a member of none.
+			if o := g.HealthFrom[n].Observer; !slices.Contains(members, o) {
+				members = append(members, o)
+			}
+		}
+		for _, n := range members {
 			ns := c.nodes[n]
 			if ns == nil {
 				ns = &nodeState{checks: map[string]struct{}{}}
 				c.nodes[n] = ns
 			}
 			ns.groups = append(ns.groups, i)
+		}
+		for n, hs := range g.HealthFrom {
+			c.nodes[n].proxy = hs.Observer
 		}
 	}
 	return c, nil

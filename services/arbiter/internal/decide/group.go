@@ -13,7 +13,7 @@ import (
 // never heard from counts from the core's first input, so a restored holder
 // gets the same grace as one that just heartbeated.
 func (c *Core) silent(n string, now time.Time) bool {
-	ns := c.nodes[n]
+	ns := c.presence(n)
 	if !ns.lastBeacon.IsZero() && now.Sub(ns.lastBeacon) > time.Duration(c.cfg.PresenceMisses)*ns.beaconEvery+c.cfg.PresenceGrace {
 		return true
 	}
@@ -28,7 +28,26 @@ func (c *Core) silent(n string, now time.Time) bool {
 	return now.Sub(last) > limit
 }
 
+// presence is the node whose heartbeats and beacons say whether n is heard:
+// n itself, or for a member without a prober, its observer.
+func (c *Core) presence(n string) *nodeState {
+	ns := c.nodes[n]
+	if ns.proxy != "" {
+		return c.nodes[ns.proxy]
+	}
+	return ns
+}
+
+// selfObs is the observation that decides n's health in g: its own prober's
+// self check, or the HealthFrom observer's check about n.
 func (c *Core) selfObs(g *groupState, n string) *observation {
+	if hs, ok := g.cfg.HealthFrom[n]; ok {
+		o := c.obs[obsKey{hs.Observer, hs.Check}]
+		if o == nil || o.target != n {
+			return nil
+		}
+		return o
+	}
 	o := c.obs[obsKey{n, g.cfg.HealthCheck}]
 	if o == nil || o.role != events.RoleSelf || o.target != n {
 		return nil
@@ -36,9 +55,17 @@ func (c *Core) selfObs(g *groupState, n string) *observation {
 	return o
 }
 
+// healthCheck names the check that decides n's health in g, for reasons.
+func (g *groupState) healthCheck(n string) string {
+	if hs, ok := g.cfg.HealthFrom[n]; ok {
+		return hs.Observer + "/" + hs.Check
+	}
+	return g.cfg.HealthCheck
+}
+
 func (c *Core) eligible(g *groupState, n string, now time.Time) bool {
 	o := c.selfObs(g, n)
-	return o != nil && o.health == events.HealthUp && !c.nodes[n].lastHB.IsZero() && !c.silent(n, now)
+	return o != nil && o.health == events.HealthUp && !c.presence(n).lastHB.IsZero() && !c.silent(n, now)
 }
 
 // lost reports that n positively turned bad: its check went down or it fell
@@ -53,13 +80,13 @@ func (c *Core) lost(g *groupState, n string, now time.Time) bool {
 func (c *Core) whyNot(g *groupState, n string, now time.Time) string {
 	switch o := c.selfObs(g, n); {
 	case o != nil && o.health == events.HealthDown:
-		return n + " " + g.cfg.HealthCheck + " down"
-	case c.nodes[n].lastHB.IsZero():
+		return n + " " + g.healthCheck(n) + " down"
+	case c.presence(n).lastHB.IsZero():
 		return n + " never heard"
 	case c.silent(n, now):
 		return n + " silent"
 	case o == nil || o.health != events.HealthUp:
-		return n + " " + g.cfg.HealthCheck + " unknown"
+		return n + " " + g.healthCheck(n) + " unknown"
 	case c.isStandby(n):
 		return n + " in standby"
 	case c.failedUntil(g, n, now):
@@ -108,7 +135,7 @@ func (c *Core) nodeCauses(g *groupState, n string) []ref {
 			out = append(out, ref{id: o.origin})
 		}
 	}
-	if r := c.nodes[n].hbRef; r.id != "" {
+	if r := c.presence(n).hbRef; r.id != "" {
 		out = append(out, r)
 	}
 	return out
@@ -125,7 +152,7 @@ type holderView struct {
 
 func (c *Core) judgeHolder(g *groupState, h string, now time.Time) holderView {
 	if o := c.selfObs(g, h); o != nil && o.health == events.HealthDown {
-		v := holderView{down: true, why: fmt.Sprintf("holder %s reports %s down", h, g.cfg.HealthCheck), causes: []ref{o.cause}}
+		v := holderView{down: true, why: fmt.Sprintf("holder %s reports %s down", h, g.healthCheck(h)), causes: []ref{o.cause}}
 		if o.origin != "" {
 			v.causes = append(v.causes, ref{id: o.origin})
 		}
@@ -152,7 +179,7 @@ func (c *Core) judgeHolder(g *groupState, h string, now time.Time) holderView {
 		}
 	}
 	var last []ref
-	if r := c.nodes[h].hbRef; r.id != "" {
+	if r := c.presence(h).hbRef; r.id != "" {
 		last = []ref{r}
 	}
 	switch {
@@ -295,7 +322,8 @@ func (c *Core) considerFailback(g *groupState, h string, now time.Time, with fun
 		causes = append(causes, refs...)
 	}
 	forced := false
-	if pol.DrainMaxChannels >= 0 {
+	// A member without a prober (a DNS site) reports no calls to drain.
+	if pol.DrainMaxChannels >= 0 && c.nodes[h].proxy == "" {
 		ch := c.nodes[h].channels
 		if ch == nil || *ch > pol.DrainMaxChannels {
 			busy := "its active channels are unknown (its prober does not report them)"
@@ -348,7 +376,7 @@ func (c *Core) failbackTarget(g *groupState, h string, now time.Time) string {
 // silence, on the arbiter's clock. A leader that just started counts from
 // its first sight of the node: it never assumes stability it did not see.
 func (c *Core) stableSince(g *groupState, n string) time.Time {
-	since := c.nodes[n].heardSince
+	since := c.presence(n).heardSince
 	if o := c.selfObs(g, n); o != nil && o.at.After(since) {
 		since = o.at
 	}
@@ -444,7 +472,7 @@ func (c *Core) place(g *groupState, now time.Time, with func(...[]ref) []ref, ou
 			if n == to {
 				break
 			}
-			if c.nodes[n].lastHB.IsZero() {
+			if c.presence(n).lastHB.IsZero() {
 				return // a preferred node may just not have spoken yet; Tick comes back
 			}
 		}

@@ -107,7 +107,7 @@ func (c *Core) Snapshot() State {
 			gs.Permit = &Permit{Window: p.window, ValidFrom: p.from, ValidUntil: p.until, EventID: p.cause.id}
 		}
 		for _, n := range g.cfg.Nodes {
-			st := NodeStatus{Node: n, Health: events.HealthUnknown, LastHeartbeat: c.nodes[n].lastHB, Standby: c.isStandby(n)}
+			st := NodeStatus{Node: n, Health: events.HealthUnknown, LastHeartbeat: c.presence(n).lastHB, Standby: c.isStandby(n)}
 			if o := c.selfObs(g, n); o != nil {
 				st.Health = o.health
 			}

@@ -170,6 +170,12 @@ func (s *Service) open() (_ func(), err error) {
 // Run executes commands until ctx ends, then releases every address it
 // holds: a stopped ipmover must never leave an address answering.
 func (s *Service) Run(ctx context.Context) error {
+	switch s.cfg.Executor {
+	case ExecutorDNS:
+		return s.runDNS(ctx)
+	case ExecutorDispatcher:
+		return s.runDispatcher(ctx)
+	}
 	closeAll, err := s.open()
 	if err != nil {
 		return err

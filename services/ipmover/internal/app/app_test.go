@@ -59,22 +59,8 @@ func newHarness(t *testing.T) *harness {
 		ns.IP(t, "addr", "add", "192.0.2."+string(rune('1'+i))+"/24", "dev", netnstest.LANInterface)
 		ns.IP(t, "addr", "add", "2001:db8::"+string(rune('1'+i))+"/64", "dev", netnstest.LANInterface, "nodad")
 	}
-	srv := bustest.Server(t)
-	h := &harness{t: t, lan: lan, srv: srv, dir: t.TempDir(), svcs: map[string]*Service{}, stops: map[string]func(){}}
-	h.ctl = bustest.Connect(t, srv, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
-	ctx, cancel := context.WithCancel(context.Background())
-	watching := make(chan struct{})
-	go func() {
-		close(watching)
-		_ = h.ctl.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
-			func(env events.Envelope, p events.Payload, _ uint64) {
-				h.mu.Lock()
-				h.evs, h.pays = append(h.evs, env), append(h.pays, p)
-				h.mu.Unlock()
-			})
-	}()
-	<-watching
-	t.Cleanup(cancel)
+	h := newBusHarness(t)
+	h.lan = lan
 	// A SIP stack on each node, bound to the floating address before it
 	// exists (ip_nonlocal_bind): the hot-standby PBX.
 	for _, n := range []string{"n1", "n2"} {
@@ -91,6 +77,29 @@ func newHarness(t *testing.T) *harness {
 		t.Cleanup(func() { c.Close() })
 		go netnstest.ServeOPTIONS(c, 0)
 	}
+	return h
+}
+
+// newBusHarness is the harness without a LAN: a JetStream server and the
+// test client playing the arbiter, for executors that touch no interface.
+func newBusHarness(t *testing.T) *harness {
+	t.Helper()
+	srv := bustest.Server(t)
+	h := &harness{t: t, srv: srv, dir: t.TempDir(), svcs: map[string]*Service{}, stops: map[string]func(){}}
+	h.ctl = bustest.Connect(t, srv, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
+	ctx, cancel := context.WithCancel(context.Background())
+	watching := make(chan struct{})
+	go func() {
+		close(watching)
+		_ = h.ctl.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
+			func(env events.Envelope, p events.Payload, _ uint64) {
+				h.mu.Lock()
+				h.evs, h.pays = append(h.evs, env), append(h.pays, p)
+				h.mu.Unlock()
+			})
+	}()
+	<-watching
+	t.Cleanup(cancel)
 	return h
 }
 
@@ -114,7 +123,9 @@ func (h *harness) start(cfg Config) *Service {
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s := New(cfg, log, "test")
-	s.ns = h.lan.Hosts[cfg.Node].Handle
+	if h.lan != nil {
+		s.ns = h.lan.Hosts[cfg.Node].Handle
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- s.Run(ctx) }()

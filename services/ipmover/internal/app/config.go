@@ -16,6 +16,15 @@ import (
 // Config is the ipmover's configuration file.
 type Config struct {
 	daemon.Common `yaml:",inline"`
+	// Executor is what this process moves when the arbiter commands:
+	// "ip" (default: floating addresses on Interface), "dns" (a DNS name
+	// between sites, see DNSConfig) or "dispatcher" (a Kamailio dispatcher
+	// set kept in step with the arbiter's view, see DispatcherConfig).
+	Executor string `yaml:"executor"`
+	// DNS configures executor dns.
+	DNS DNSConfig `yaml:"dns"`
+	// Dispatcher configures executor dispatcher.
+	Dispatcher DispatcherConfig `yaml:"dispatcher"`
 	// Interface carries the floating addresses (the LAN the phones are on).
 	Interface string `yaml:"interface"`
 	// StateFile persists the highest epoch seen and the applied command ids,
@@ -179,6 +188,19 @@ func (g GatewayConfig) build() (gateway.Config, error) {
 func (c *Config) Validate() error {
 	if err := c.Common.Validate(); err != nil {
 		return err
+	}
+	switch c.Executor {
+	case "", ExecutorIP:
+		c.Executor = ExecutorIP
+	case ExecutorDNS:
+		if c.StateFile == "" {
+			return config.Errf("state_file", "required (it keeps commands at most once across restarts)")
+		}
+		return c.DNS.validate()
+	case ExecutorDispatcher:
+		return c.Dispatcher.validate(c.Cluster)
+	default:
+		return config.Errf("executor", "unknown executor %q (ip, dns, dispatcher)", c.Executor)
 	}
 	if c.Interface == "" {
 		return config.Errf("interface", "required")

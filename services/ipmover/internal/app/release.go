@@ -23,6 +23,12 @@ import (
 // values lived in the dead process's memory. The routes go with the address
 // they use as source; the sysctls stay as set.
 func (s *Service) ReleaseAll(ctx context.Context) error {
+	if s.cfg.Executor == ExecutorDNS || s.cfg.Executor == ExecutorDispatcher {
+		// Nothing on this host answers for a floating address: a DNS name
+		// or a dispatcher set stays as last set, which is what the arbiter
+		// last decided.
+		return nil
+	}
 	var managed []netip.Prefix
 	st, ferr := fence.Open(s.cfg.StateFile, fence.DefaultKeep)
 	if ferr != nil {

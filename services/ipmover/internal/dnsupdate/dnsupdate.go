@@ -218,8 +218,11 @@ type ServerResult struct {
 // Result describes a swap that the primary accepted.
 type Result struct {
 	SerialBefore uint32
-	UpdateRTT    time.Duration
-	Servers      []ServerResult
+	// Sent is when the UPDATE left; UpdateRTT and every ServerResult's
+	// Elapsed count from it.
+	Sent      time.Time
+	UpdateRTT time.Duration
+	Servers   []ServerResult
 }
 
 // Updater performs swaps for one Config. It is safe for concurrent use; the
@@ -267,6 +270,7 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 	res := Result{SerialBefore: before}
 
 	sent := time.Now()
+	res.Sent = sent
 	rcode, err := u.send(ctx, u.updateMsg(from, to))
 	res.UpdateRTT = time.Since(sent)
 	if err != nil {

@@ -1,0 +1,63 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/services/arbiter/internal/httphb"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// serveHeartbeats starts the HTTP heartbeat endpoint. Every replica serves
+// it: a heartbeat only becomes an event on the bus, which the leader's
+// registry and core consume like a prober's.
+func (s *Service) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter) (func(), error) {
+	h := httphb.New(httphb.Config{Token: hh.Token, Nodes: hh.Nodes, MaxBody: hh.MaxBody, Interval: hh.Interval.D()},
+		emit, s.listRegistry, s.log)
+	ln, err := net.Listen("tcp", hh.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("http_heartbeat.listen: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.log.Error("http heartbeat endpoint stopped", "err", err)
+		}
+	}()
+	s.log.Info("http heartbeat endpoint listening", "addr", ln.Addr().String(), "nodes", hh.Nodes)
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
+}
+
+// listRegistry reads every registry record of the cluster.
+func (s *Service) listRegistry(ctx context.Context) ([]events.NodeRecord, error) {
+	l, err := s.kv.ListKeysFiltered(ctx, events.AllRegistryKeys(s.cfg.Cluster))
+	if err != nil {
+		return nil, err
+	}
+	var out []events.NodeRecord
+	for k := range l.Keys() {
+		e, err := s.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		var rec events.NodeRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			return nil, fmt.Errorf("registry %s: %w", k, err)
+		}
+		out = append(out, rec)
+	}
+	return out, nil
+}

@@ -1,0 +1,192 @@
+package app
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+)
+
+const testToken = "s3cret-token-for-tests"
+
+func freeTCP(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+// The HTTP heartbeat endpoint of a running arbiter (leader, embedded
+// JetStream): every malformed, unauthenticated, unknown or oversized
+// request is a clear 4xx and puts nothing on the bus; a good one becomes a
+// node.heartbeat that the leader's registry records, which GET lists.
+func TestHTTPHeartbeat(t *testing.T) {
+	l := newLab(t, "n1", "n2")
+	addr := freeTCP(t)
+	cfg := l.cfg("ctlA")
+	cfg.HTTPHeartbeat = HTTPHeartbeatConfig{Listen: addr, Token: testToken, MaxBody: 512, Nodes: []string{"legacy1"}}
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(cfg, slog.New(slog.DiscardHandler), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = svc.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	var mu sync.Mutex
+	var beats []*events.NodeHeartbeat
+	watcher := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "test", Node: "w"})
+	go func() {
+		_ = watcher.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats("lab")}, All: true},
+			func(_ events.Envelope, p events.Payload, _ uint64) {
+				mu.Lock()
+				beats = append(beats, p.(*events.NodeHeartbeat))
+				mu.Unlock()
+			})
+	}()
+
+	base := "http://" + addr
+	do := func(method, path, token, ctype, body string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
+		if token != "" {
+			req.Header.Set("Authorization", "Bearer "+token)
+		}
+		if ctype != "" {
+			req.Header.Set("Content-Type", ctype)
+		}
+		var resp *http.Response
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			resp, err = http.DefaultClient.Do(req)
+			if err == nil || time.Now().After(deadline) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond) // the arbiter is still starting
+			req, _ = http.NewRequest(method, base+path, strings.NewReader(body))
+			if token != "" {
+				req.Header.Set("Authorization", "Bearer "+token)
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	good := `{"node":"legacy1","cpu_percent":12.5,"mem_available_bytes":700,"mem_total_bytes":1000,"active_channels":3}`
+	cases := []struct {
+		name, method, path, token, ctype, body string
+		code                                   int
+		msg                                    string
+	}{
+		{"no token", "POST", "/api/servers/heartbeat", "", "", good, 401, "bearer token"},
+		{"wrong token", "POST", "/api/servers/heartbeat", "wrong-token-wrong-token", "", good, 401, "bearer token"},
+		{"list without token", "GET", "/api/servers", "", "", "", 401, "bearer token"},
+		{"wrong method", "GET", "/api/servers/heartbeat", testToken, "", "", 405, "POST"},
+		{"not json content", "POST", "/api/servers/heartbeat", testToken, "text/plain", good, 415, "application/json"},
+		{"malformed", "POST", "/api/servers/heartbeat", testToken, "", `{"node":`, 400, "malformed"},
+		{"unknown field", "POST", "/api/servers/heartbeat", testToken, "", `{"node":"legacy1","cpu":1}`, 400, "unknown field"},
+		{"two values", "POST", "/api/servers/heartbeat", testToken, "", good + good, 400, "more than one"},
+		{"oversized", "POST", "/api/servers/heartbeat", testToken, "", `{"node":"legacy1","version":"` + strings.Repeat("x", 600) + `"}`, 413, "larger than 512"},
+		{"unknown node", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, "legacy1", "n1", 1), 404, "may not post"},
+		{"bad node name", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, "legacy1", "a.b", 1), 422, "node"},
+		{"missing figures", "POST", "/api/servers/heartbeat", testToken, "", `{"node":"legacy1"}`, 422, "required"},
+		{"cpu out of range", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, "12.5", "250", 1), 422, "cpu_percent"},
+		{"more free than total", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, "700", "7000", 1), 422, "mem_available_bytes"},
+		{"negative channels", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"active_channels":-1`, 1), 422, "negative"},
+		{"no such path", "GET", "/api/nothing", testToken, "", "", 404, "no such endpoint"},
+	}
+	for _, tc := range cases {
+		code, body := do(tc.method, tc.path, tc.token, tc.ctype, tc.body)
+		var e struct{ Error string }
+		if code != tc.code || json.Unmarshal([]byte(body), &e) != nil || !strings.Contains(e.Error, tc.msg) {
+			t.Errorf("%s: %d %s, want %d with an error containing %q", tc.name, code, body, tc.code, tc.msg)
+		}
+	}
+
+	code, body := do("POST", "/api/servers/heartbeat", testToken, "application/json", good)
+	if code != http.StatusAccepted {
+		t.Fatalf("good heartbeat: %d %s", code, body)
+	}
+	// The good heartbeat is on the bus, and it is the only one: every
+	// refused request published nothing.
+	waitFor(t, 10*time.Second, "the heartbeat on the bus", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(beats) > 0
+	})
+	mu.Lock()
+	var legacy []*events.NodeHeartbeat
+	for _, hb := range beats {
+		if hb.Node == "legacy1" {
+			legacy = append(legacy, hb)
+		}
+	}
+	mu.Unlock()
+	if len(legacy) != 1 || legacy[0].CPUPercent != 12.5 || legacy[0].MemAvailableBytes != 700 || *legacy[0].ActiveChannels != 3 ||
+		legacy[0].IntervalMS != 60_000 {
+		t.Fatalf("heartbeats of legacy1 on the bus: %+v", legacy)
+	}
+	// The leader's registry records it; GET lists it.
+	waitFor(t, 10*time.Second, "legacy1 in GET /api/servers", func() bool {
+		code, body := do("GET", "/api/servers", testToken, "", "")
+		var r struct{ Servers []events.NodeRecord }
+		if code != 200 || json.Unmarshal([]byte(body), &r) != nil {
+			return false
+		}
+		for _, rec := range r.Servers {
+			if rec.Node == "legacy1" && rec.Presence == events.PresenceOnline && rec.CPUPercent == 12.5 {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestHTTPHeartbeatConfig(t *testing.T) {
+	for name, h := range map[string]HTTPHeartbeatConfig{
+		"short token": {Listen: "127.0.0.1:0", Token: "short", Nodes: []string{"x"}},
+		"both tokens": {Listen: "127.0.0.1:0", Token: testToken, TokenFile: "/nonexistent", Nodes: []string{"x"}},
+		"no file":     {Listen: "127.0.0.1:0", TokenFile: "/nonexistent/token", Nodes: []string{"x"}},
+		"no nodes":    {Listen: "127.0.0.1:0", Token: testToken},
+		"tiny body":   {Listen: "127.0.0.1:0", Token: testToken, Nodes: []string{"x"}, MaxBody: 10},
+	} {
+		if err := h.validate(); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	off := HTTPHeartbeatConfig{}
+	if err := off.validate(); err != nil {
+		t.Fatalf("disabled endpoint refused: %v", err)
+	}
+}

@@ -1,0 +1,241 @@
+package app
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/ipmover/internal/dnsupdate"
+	"github.com/fanpbx/fan/services/ipmover/internal/fence"
+)
+
+// Executors (Config.Executor).
+const (
+	ExecutorIP         = "ip"
+	ExecutorDNS        = "dns"
+	ExecutorDispatcher = "dispatcher"
+)
+
+// Step names of the DNS executor's results.
+const (
+	StepDNSAccepted      = "dns_update_accepted"
+	StepDNSVerified      = "dns_verified" // suffixed with ":<server>", one per authoritative server
+	StepDNSAlreadyServed = "dns_already_served"
+	StepDNSReleaseNoop   = "dns_release_noop"
+)
+
+// DNSConfig moves one DNS name between sites (seed 001). Each site is a
+// node of an arbiter group (whose health comes from an observer's quorum
+// group, arbiter health_from); the executor consumes the commands of every
+// site in Sites.
+type DNSConfig struct {
+	// Group is the arbiter group whose claims move the name.
+	Group            string `yaml:"group"`
+	dnsupdate.Config `yaml:",inline"`
+}
+
+func (d *DNSConfig) validate() error {
+	if err := events.ValidToken("group", d.Group); err != nil {
+		return &config.FieldError{Key: "dns.group", Err: err}
+	}
+	for site := range d.Sites {
+		if err := events.ValidToken("site", site); err != nil {
+			return &config.FieldError{Key: "dns.sites", Err: fmt.Errorf("a site is an arbiter node name: %w", err)}
+		}
+	}
+	if _, err := dnsupdate.New(d.Config, slog.New(slog.DiscardHandler)); err != nil {
+		return &config.FieldError{Key: "dns", Err: err}
+	}
+	return nil
+}
+
+// dnsExecutor carries out the arbiter's commands for the sites of one DNS
+// name. A claim on a site swaps the records to that site's in one signed
+// UPDATE whose prerequisite is that the previous site's records are still
+// there, then verifies on every authoritative server. A release does
+// nothing: the claim on the other site replaces the records in the same
+// message, so no resolver ever sees an empty answer in between.
+type dnsExecutor struct {
+	group string
+	log   *slog.Logger
+	fence *fence.Store
+	up    *dnsupdate.Updater
+	sites map[string]dnsupdate.Values
+	pub   publisher
+	// mu serialises commands across the sites' consumers: they share the
+	// fencing state and the name.
+	mu sync.Mutex
+}
+
+func newDNSExecutor(cfg Config, log *slog.Logger) (*dnsExecutor, error) {
+	f, err := fence.Open(cfg.StateFile, fence.DefaultKeep)
+	if err != nil {
+		return nil, fmt.Errorf("ipmover state: %w", err)
+	}
+	up, err := dnsupdate.New(cfg.DNS.Config, log)
+	if err != nil {
+		return nil, err
+	}
+	return &dnsExecutor{group: cfg.DNS.Group, log: log, fence: f, up: up, sites: cfg.DNS.Sites}, nil
+}
+
+func (s *Service) runDNS(ctx context.Context) error {
+	x, err := newDNSExecutor(s.cfg, s.log)
+	if err != nil {
+		return err
+	}
+	sites := slices.Sorted(maps.Keys(s.cfg.DNS.Sites))
+	return daemon.Serve(ctx, s.cfg.Common, "ipmover", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
+		x.pub = rt.Bus
+		if v, serial, err := x.up.Current(ctx); err != nil {
+			s.log.Warn("dns executor: cannot read the name at start", "err", err)
+		} else {
+			site, _ := x.up.SiteOf(v)
+			s.log.Info("dns executor ready", "group", x.group, "sites", sites, "serving", v.String(), "site", site, "serial", serial)
+		}
+		errs := make(chan error, len(sites))
+		for _, site := range sites {
+			go func() { errs <- rt.Bus.ConsumeCommands(ctx, site, x.handle) }()
+		}
+		var all []error
+		for range sites {
+			all = append(all, <-errs)
+		}
+		return errors.Join(all...)
+	})
+}
+
+func commandNode(cmd events.Command) string {
+	switch c := cmd.(type) {
+	case *events.ClaimIP:
+		return c.Node
+	case *events.ReleaseIP:
+		return c.Node
+	case *events.AnswerPBX:
+		return c.Node
+	}
+	return ""
+}
+
+// handle applies one command at most once and always reports it.
+func (x *dnsExecutor) handle(ctx context.Context, env events.Envelope, cmd events.Command) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	received := time.Now()
+	steps := []events.Step{{Name: StepReceived, At: received}}
+	at := func(name string, t time.Time) {
+		steps = append(steps, events.Step{Name: name, At: t, ElapsedMS: float64(t.Sub(received).Microseconds()) / 1000})
+	}
+	node, group := commandNode(cmd), commandGroup(cmd)
+	log := x.log.With("event_id", env.ID, "type", env.Type, "epoch", env.Epoch, "group", group, "site", node)
+
+	outcome, applyErr := events.OutcomeApplied, error(nil)
+	switch v := x.fence.Check(env.ID, env.Epoch, cmd.Deadline(), received); v {
+	case fence.Apply:
+		if err := x.fence.Record(env.ID, env.Epoch); err != nil {
+			outcome, applyErr = events.OutcomeFailed, fmt.Errorf("persist command record: %w", err)
+			break
+		}
+		if err := x.apply(ctx, cmd, at); err != nil {
+			outcome, applyErr = events.OutcomeFailed, err
+		}
+	case fence.StaleEpoch:
+		outcome, applyErr = v.Outcome(), fmt.Errorf("epoch %d is older than epoch %d already seen", env.Epoch, x.fence.Snapshot().MaxEpoch)
+	case fence.Expired:
+		outcome, applyErr = v.Outcome(), fmt.Errorf("deadline %s passed %v ago", cmd.Deadline().Format(time.RFC3339Nano), received.Sub(cmd.Deadline()))
+	default:
+		outcome = v.Outcome()
+	}
+	res := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: node, Group: group, Outcome: outcome, Steps: steps}
+	if applyErr != nil {
+		res.Error = applyErr.Error()
+		log.Warn("command not applied", "outcome", outcome, "err", applyErr)
+	} else {
+		log.Info("command done", "outcome", outcome, "elapsed_ms", steps[len(steps)-1].ElapsedMS)
+	}
+	if x.pub == nil {
+		return
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if _, err := x.pub.Emit(pctx, res, events.CausedBy(env), events.WithEpoch(env.Epoch)); err != nil {
+		log.Error("publish command result failed", "err", err)
+	}
+}
+
+func (x *dnsExecutor) apply(ctx context.Context, cmd events.Command, at func(string, time.Time)) error {
+	switch c := cmd.(type) {
+	case *events.ClaimIP:
+		if c.Group != x.group {
+			return fmt.Errorf("group %s is not moved by this dns executor (it serves %s)", c.Group, x.group)
+		}
+		return x.claim(ctx, c, at)
+	case *events.ReleaseIP:
+		// The claim on the site that takes over swaps the records in one
+		// message; removing them here would leave the name empty, and
+		// resolvers would cache that (RFC 2308).
+		at(StepDNSReleaseNoop, time.Now())
+		return nil
+	default:
+		return fmt.Errorf("unsupported command %T for the dns executor", cmd)
+	}
+}
+
+// claim points the name at c.Node's records. The swap's prerequisite is the
+// records of the site the name is moving from: the previous holder the
+// arbiter names, or else what the primary serves now, if that is a
+// configured site. Records that match no site were put there by someone
+// else, and are reported, never overwritten.
+func (x *dnsExecutor) claim(ctx context.Context, c *events.ClaimIP, at func(string, time.Time)) error {
+	to := c.Node
+	from := c.PreviousHolder
+	if from == "" || from == to || !x.hasSite(from) {
+		cur, serial, err := x.up.Current(ctx)
+		if err != nil {
+			return fmt.Errorf("claim %s: %w", to, err)
+		}
+		site, ok := x.up.SiteOf(cur)
+		switch {
+		case !ok:
+			return fmt.Errorf("claim %s: the primary serves %s at serial %d, which is no configured site: not overwriting what someone else wrote",
+				to, cur, serial)
+		case site == to:
+			at(StepDNSAlreadyServed, time.Now())
+			return nil
+		}
+		from = site
+	}
+	res, err := x.up.Swap(ctx, dnsupdate.Spec{From: from, To: to})
+	if !res.Sent.IsZero() && (err == nil || errors.Is(err, dnsupdate.ErrUnverified)) {
+		at(StepDNSAccepted, res.Sent.Add(res.UpdateRTT))
+		for _, sv := range res.Servers {
+			if sv.Verified {
+				at(StepDNSVerified+":"+sv.Server, res.Sent.Add(sv.Elapsed))
+			}
+		}
+	}
+	var stale *dnsupdate.StaleError
+	if errors.As(err, &stale) && stale.AlreadyApplied {
+		// The same move was made before (a redelivery after a crash, or
+		// another executor): the name already points here.
+		at(StepDNSAlreadyServed, time.Now())
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("claim %s (from %s): %w", to, from, err)
+	}
+	return nil
+}
+
+func (x *dnsExecutor) hasSite(n string) bool {
+	_, ok := x.sites[n]
+	return ok
+}
