@@ -60,8 +60,20 @@ func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error 
 		return fmt.Errorf("watch events: %w", err)
 	}
 	<-ctx.Done()
-	cc.Stop()
+	stopAndWait(cc)
 	return nil
+}
+
+// stopAndWait stops a consumer and waits until its handler has returned for
+// the last time, so that a caller may read what the handler wrote as soon as
+// Watch or ConsumeCommands returns. The wait is bounded: a handler stuck on
+// something outside the bus must not hang shutdown.
+func stopAndWait(cc jetstream.ConsumeContext) {
+	cc.Stop()
+	select {
+	case <-cc.Closed():
+	case <-time.After(5 * time.Second):
+	}
 }
 
 // CommandHandler carries out one command and publishes its result. It is
@@ -100,6 +112,6 @@ func (b *Bus) ConsumeCommands(ctx context.Context, node string, h CommandHandler
 		return fmt.Errorf("consume commands for %s: %w", node, err)
 	}
 	<-ctx.Done()
-	cc.Stop()
+	stopAndWait(cc)
 	return nil
 }

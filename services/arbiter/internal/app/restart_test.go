@@ -33,7 +33,7 @@ func TestRestartedArbiterKeepsAnAppliedClaim(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("no placement claim for n1")
 		}
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(200 * time.Millisecond)
 	}
 	stopA()
 	close(gate) // n1 applies the claim; its result lands while no arbiter runs
