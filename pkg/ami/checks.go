@@ -3,8 +3,8 @@ package ami
 import (
 	"context"
 	"fmt"
-	"regexp"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -47,12 +47,6 @@ func (c *Client) Reload(ctx context.Context, module string) error { return reloa
 // Reload is Client.Reload on the session's connection.
 func (s *Session) Reload(ctx context.Context, module string) error { return reload(ctx, s, module) }
 
-var (
-	reChannels  = regexp.MustCompile(`^(\d+) active channels?$`)
-	reCalls     = regexp.MustCompile(`^(\d+) active calls?$`)
-	reProcessed = regexp.MustCompile(`^(\d+) calls? processed$`)
-)
-
 func coreShowChannelsCount(ctx context.Context, a actioner) (ChannelCounts, error) {
 	const cmd = "core show channels count"
 	r, err := a.Action(ctx, "Command", F("Command", cmd))
@@ -69,23 +63,33 @@ func coreShowChannelsCount(ctx context.Context, a actioner) (ChannelCounts, erro
 // ("N active channels", "N active calls", "N calls processed", singular for
 // 1). Anything missing is ErrProtocol.
 func ParseChannelsCount(lines []string) (ChannelCounts, error) {
+	// Matched by hand, not with regular expressions: a prober asks this
+	// several times a second per PBX. Each line is ^(\d+) <what>$.
 	var cc ChannelCounts
 	found := 0
 	for _, l := range lines {
-		for _, p := range []struct {
-			re  *regexp.Regexp
-			dst *int
-			bit int
-		}{{reChannels, &cc.Channels, 1}, {reCalls, &cc.Calls, 2}, {reProcessed, &cc.Processed, 4}} {
-			if m := p.re.FindStringSubmatch(l); m != nil {
-				n, err := strconv.Atoi(m[1])
-				if err != nil {
-					return ChannelCounts{}, fmt.Errorf("ami: core show channels count: %w: %q", ErrProtocol, l)
-				}
-				*p.dst = n
-				found |= p.bit
-			}
+		digits := len(l) - len(strings.TrimLeft(l, "0123456789"))
+		if digits == 0 {
+			continue
 		}
+		var dst *int
+		var bit int
+		switch l[digits:] {
+		case " active channel", " active channels":
+			dst, bit = &cc.Channels, 1
+		case " active call", " active calls":
+			dst, bit = &cc.Calls, 2
+		case " call processed", " calls processed":
+			dst, bit = &cc.Processed, 4
+		default:
+			continue
+		}
+		n, err := strconv.Atoi(l[:digits])
+		if err != nil {
+			return ChannelCounts{}, fmt.Errorf("ami: core show channels count: %w: %q", ErrProtocol, l)
+		}
+		*dst = n
+		found |= bit
 	}
 	if found != 7 {
 		return ChannelCounts{}, fmt.Errorf("ami: core show channels count: %w: output %q", ErrProtocol, lines)

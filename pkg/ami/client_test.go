@@ -460,6 +460,12 @@ func TestParseChannelsCount(t *testing.T) {
 		{[]string{"No such command 'core show channels count'"}, ChannelCounts{}, false},
 		{[]string{"x active channels", "0 active calls", "0 calls processed"}, ChannelCounts{}, false},
 		{[]string{"99999999999999999999 active channels", "0 active calls", "0 calls processed"}, ChannelCounts{}, false},
+		{[]string{"1 active channel", "1 active call", "7 calls processed"}, ChannelCounts{1, 1, 7}, true},
+		{[]string{"Output: x", "3 active channels", "2 active calls", "9 calls processed", ""}, ChannelCounts{3, 2, 9}, true},
+		{[]string{" 1 active channels", "1 active calls", "1 calls processed"}, ChannelCounts{}, false},
+		{[]string{"1 active channels ", "1 active calls", "1 calls processed"}, ChannelCounts{}, false},
+		{[]string{"1  active channels", "1 active calls", "1 calls processed"}, ChannelCounts{}, false},
+		{[]string{"1 active channelss", "1 active calls", "1 calls processed"}, ChannelCounts{}, false},
 	} {
 		got, err := ParseChannelsCount(tc.lines)
 		if tc.ok && (err != nil || got != tc.want) {
@@ -653,5 +659,20 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		}
 		runtime.Gosched()
 		time.Sleep(10 * time.Millisecond) // polling a condition; goroutines end asynchronously
+	}
+}
+
+// encodeAction replaces goami2's NewAction/Byte on the hot path: the bytes on
+// the wire must stay exactly what goami2 would have written.
+func TestEncodeActionMatchesGoami2(t *testing.T) {
+	for _, fields := range [][]Field{nil, {F("Command", "core show channels count")}, {F("Module", "res_pjsip.so"), F("X", "")}} {
+		m := goami2.NewAction("Command")
+		m.AddField("ActionID", "fan-0a1b2c3d-42")
+		for _, f := range fields {
+			m.AddField(f.Name, f.Value)
+		}
+		if got, want := string(encodeAction("Command", "fan-0a1b2c3d-42", fields)), string(m.Byte()); got != want {
+			t.Fatalf("encodeAction = %q, goami2 writes %q", got, want)
+		}
 	}
 }

@@ -11,31 +11,43 @@ import (
 )
 
 func buildOptions(target, local netip.AddrPort, transport Transport, branch, tag, callID string, cseq uint32) []byte {
-	var b bytes.Buffer
-	uriParams := ""
+	// Appended rather than formatted: a prober sends hundreds a second.
+	b := make([]byte, 0, 512)
+	b = append(b, "OPTIONS sip:"...)
+	b = target.AppendTo(b)
 	if transport == TCP {
 		// RFC 3263: without the parameter a server may answer on UDP.
-		uriParams = ";transport=tcp"
+		b = append(b, ";transport=tcp"...)
 	}
-	fmt.Fprintf(&b, "OPTIONS sip:%s%s SIP/2.0\r\n", target, uriParams)
-	fmt.Fprintf(&b, "Via: SIP/2.0/%s %s;branch=%s;rport\r\n", transport.viaName(), local, branch)
-	b.WriteString("Max-Forwards: 70\r\n")
-	fmt.Fprintf(&b, "From: <sip:fan-probe@%s>;tag=%s\r\n", hostOnly(local), tag)
-	fmt.Fprintf(&b, "To: <sip:%s>\r\n", target)
-	fmt.Fprintf(&b, "Call-ID: %s\r\n", callID)
-	fmt.Fprintf(&b, "CSeq: %d OPTIONS\r\n", cseq)
-	fmt.Fprintf(&b, "Contact: <sip:fan-probe@%s>\r\n", local)
-	b.WriteString("Accept: application/sdp\r\n")
-	b.WriteString("User-Agent: fan-sipclient\r\n")
-	b.WriteString("Content-Length: 0\r\n\r\n")
-	return b.Bytes()
+	b = append(b, " SIP/2.0\r\nVia: SIP/2.0/"...)
+	b = append(b, transport.viaName()...)
+	b = append(b, ' ')
+	b = local.AppendTo(b)
+	b = append(b, ";branch="...)
+	b = append(b, branch...)
+	b = append(b, ";rport\r\nMax-Forwards: 70\r\nFrom: <sip:fan-probe@"...)
+	b = appendHost(b, local)
+	b = append(b, ">;tag="...)
+	b = append(b, tag...)
+	b = append(b, "\r\nTo: <sip:"...)
+	b = target.AppendTo(b)
+	b = append(b, ">\r\nCall-ID: "...)
+	b = append(b, callID...)
+	b = append(b, "\r\nCSeq: "...)
+	b = strconv.AppendUint(b, uint64(cseq), 10)
+	b = append(b, " OPTIONS\r\nContact: <sip:fan-probe@"...)
+	b = local.AppendTo(b)
+	b = append(b, ">\r\nAccept: application/sdp\r\nUser-Agent: fan-sipclient\r\nContent-Length: 0\r\n\r\n"...)
+	return b
 }
 
-func hostOnly(ap netip.AddrPort) string {
+func appendHost(b []byte, ap netip.AddrPort) []byte {
 	if ap.Addr().Is6() {
-		return "[" + ap.Addr().String() + "]"
+		b = append(b, '[')
+		b = ap.Addr().AppendTo(b)
+		return append(b, ']')
 	}
-	return ap.Addr().String()
+	return ap.Addr().AppendTo(b)
 }
 
 // message is the part of a SIP message matching needs. Requests and responses share it so
@@ -47,16 +59,21 @@ type message struct {
 	// Request fields.
 	method, uri string
 
-	headers    map[string][]string // lower-case full names
-	branch     string              // from the top Via
+	headers    []header // in order, names lower-case and full
+	branch     string   // from the top Via
 	callID     string
 	cseq       uint32
 	cseqMethod string
 }
 
+type header struct{ name, value string }
+
+// header returns the first value of a header (lower-case full name).
 func (m *message) header(name string) string {
-	if v := m.headers[name]; len(v) > 0 {
-		return v[0]
+	for _, h := range m.headers {
+		if h.name == name {
+			return h.value
+		}
 	}
 	return ""
 }
@@ -67,8 +84,32 @@ var compact = map[string]string{
 	"l": "content-length", "c": "content-type", "k": "supported", "s": "subject", "e": "content-encoding",
 }
 
+// common are the full names a reply usually carries, lower-case: a name
+// found here costs no allocation.
+var common = []string{"via", "from", "to", "call-id", "cseq", "content-length", "contact", "server", "user-agent",
+	"server-node", "allow", "accept", "supported", "content-type", "max-forwards"}
+
+// headerName is a header's lower-case full name.
+func headerName(raw string) string {
+	raw = strings.TrimSpace(raw)
+	if len(raw) == 1 {
+		if full, ok := compact[strings.ToLower(raw)]; ok {
+			return full
+		}
+	}
+	for _, c := range common {
+		if strings.EqualFold(raw, c) {
+			return c
+		}
+	}
+	return strings.ToLower(raw)
+}
+
 var errMalformed = errors.New("malformed SIP message")
 
+// parseMessage parses a message's header. It runs for every reply, so it
+// walks the bytes once and allocates little: one string for the header, a
+// slice of name/value pairs that point into it.
 func parseMessage(b []byte) (*message, error) {
 	head := b
 	if i := bytes.Index(b, []byte("\r\n\r\n")); i >= 0 {
@@ -76,14 +117,20 @@ func parseMessage(b []byte) (*message, error) {
 	} else if i := bytes.Index(b, []byte("\n\n")); i >= 0 {
 		head = b[:i]
 	}
-	lines := strings.Split(strings.ReplaceAll(string(head), "\r\n", "\n"), "\n")
-	if len(lines) == 0 {
-		return nil, errMalformed
+	rest := string(head)
+	// Lines end at LF; a CR before it belongs to the line ending.
+	nextLine := func() (string, bool) {
+		if rest == "" {
+			return "", false
+		}
+		l, r, _ := strings.Cut(rest, "\n")
+		rest = r
+		return strings.TrimSuffix(l, "\r"), true
 	}
-	m := &message{headers: map[string][]string{}}
-	first := lines[0]
-	if rest, ok := strings.CutPrefix(first, "SIP/2.0 "); ok {
-		code, reason, _ := strings.Cut(rest, " ")
+	first, _ := nextLine()
+	m := &message{headers: make([]header, 0, 12)}
+	if after, ok := strings.CutPrefix(first, "SIP/2.0 "); ok {
+		code, reason, _ := strings.Cut(after, " ")
 		st, err := strconv.Atoi(code)
 		if err != nil || len(code) != 3 || st < 100 || st > 699 {
 			return nil, fmt.Errorf("%w: status line %q", errMalformed, first)
@@ -96,31 +143,44 @@ func parseMessage(b []byte) (*message, error) {
 		}
 		m.method, m.uri = f[0], f[1]
 	}
-	// Unfold continuation lines (RFC 3261 §7.3.1) before splitting names from values.
-	var hdrs []string
-	for _, l := range lines[1:] {
+	// Unfold continuation lines (RFC 3261 §7.3.1) before splitting names
+	// from values: a header is complete once the next line is not a
+	// continuation.
+	var cur string
+	flush := func() error {
+		if cur == "" {
+			return nil
+		}
+		name, val, ok := strings.Cut(cur, ":")
+		if !ok {
+			return fmt.Errorf("%w: header %q", errMalformed, cur)
+		}
+		m.headers = append(m.headers, header{headerName(name), strings.TrimSpace(val)})
+		cur = ""
+		return nil
+	}
+	for {
+		l, ok := nextLine()
+		if !ok {
+			break
+		}
 		if l == "" {
 			continue
 		}
-		if (l[0] == ' ' || l[0] == '\t') && len(hdrs) > 0 {
-			hdrs[len(hdrs)-1] += " " + strings.TrimSpace(l)
+		if (l[0] == ' ' || l[0] == '\t') && cur != "" {
+			cur += " " + strings.TrimSpace(l)
 			continue
 		}
-		hdrs = append(hdrs, l)
-	}
-	for _, h := range hdrs {
-		name, val, ok := strings.Cut(h, ":")
-		if !ok {
-			return nil, fmt.Errorf("%w: header %q", errMalformed, h)
+		if err := flush(); err != nil {
+			return nil, err
 		}
-		name = strings.ToLower(strings.TrimSpace(name))
-		if full, ok := compact[name]; ok {
-			name = full
-		}
-		m.headers[name] = append(m.headers[name], strings.TrimSpace(val))
+		cur = l
 	}
-	if vias := m.headers["via"]; len(vias) > 0 {
-		top, _, _ := strings.Cut(vias[0], ",")
+	if err := flush(); err != nil {
+		return nil, err
+	}
+	if via := m.header("via"); via != "" {
+		top, _, _ := strings.Cut(via, ",")
 		m.branch = viaParam(top, "branch")
 	}
 	m.callID = m.header("call-id")

@@ -1,6 +1,7 @@
 package sipoptions
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -305,6 +306,51 @@ func TestParseResponseForms(t *testing.T) {
 	for _, bad := range []string{"", "HTTP/1.1 200 OK\r\n\r\n", "SIP/2.0 20 OK\r\nVia: x;branch=y\r\n\r\n", "SIP/2.0 200 OK\r\nCall-ID: a\r\n\r\n"} {
 		if _, err := parseMessage([]byte(bad)); err == nil {
 			t.Errorf("parsed %q without error", bad)
+		}
+	}
+}
+
+// buildOptionsFmt is how requests were built before buildOptions appended
+// instead of formatting; the bytes must not change.
+func buildOptionsFmt(target, local netip.AddrPort, transport Transport, branch, tag, callID string, cseq uint32) []byte {
+	var b bytes.Buffer
+	uriParams := ""
+	if transport == TCP {
+		uriParams = ";transport=tcp"
+	}
+	host := local.Addr().String()
+	if local.Addr().Is6() {
+		host = "[" + host + "]"
+	}
+	fmt.Fprintf(&b, "OPTIONS sip:%s%s SIP/2.0\r\n", target, uriParams)
+	fmt.Fprintf(&b, "Via: SIP/2.0/%s %s;branch=%s;rport\r\n", transport.viaName(), local, branch)
+	b.WriteString("Max-Forwards: 70\r\n")
+	fmt.Fprintf(&b, "From: <sip:fan-probe@%s>;tag=%s\r\n", host, tag)
+	fmt.Fprintf(&b, "To: <sip:%s>\r\n", target)
+	fmt.Fprintf(&b, "Call-ID: %s\r\n", callID)
+	fmt.Fprintf(&b, "CSeq: %d OPTIONS\r\n", cseq)
+	fmt.Fprintf(&b, "Contact: <sip:fan-probe@%s>\r\n", local)
+	b.WriteString("Accept: application/sdp\r\n")
+	b.WriteString("User-Agent: fan-sipclient\r\n")
+	b.WriteString("Content-Length: 0\r\n\r\n")
+	return b.Bytes()
+}
+
+func TestBuildOptionsBytes(t *testing.T) {
+	for _, tc := range []struct{ target, local string }{
+		{"192.0.2.10:5060", "192.0.2.1:40000"},
+		{"[2001:db8::10]:5060", "[2001:db8::1]:40000"},
+	} {
+		for _, tr := range []Transport{UDP, TCP} {
+			dst, src := netip.MustParseAddrPort(tc.target), netip.MustParseAddrPort(tc.local)
+			got := buildOptions(dst, src, tr, "z9hG4bKabc", "t1", "c1@x", 4294967295)
+			if want := buildOptionsFmt(dst, src, tr, "z9hG4bKabc", "t1", "c1@x", 4294967295); !bytes.Equal(got, want) {
+				t.Fatalf("%s %s:\n%q\nwant\n%q", tr, tc.target, got, want)
+			}
+			m, err := parseMessage(got)
+			if err != nil || m.method != "OPTIONS" || m.branch != "z9hG4bKabc" || m.callID != "c1@x" || m.cseq != 4294967295 || m.header("max-forwards") != "70" {
+				t.Fatalf("parse own request: %+v, %v", m, err)
+			}
 		}
 	}
 }

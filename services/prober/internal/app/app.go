@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -156,16 +155,12 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 	tr := health.New(cc.Rise, cc.Fall)
 	var lastPublished time.Time
 	lastOK := false
-	t := time.NewTicker(cc.Interval.D())
-	defer t.Stop()
-	for {
+	sched := newSchedule(cc.Interval.D(), cc.Jitter.D())
+	defer sched.stop()
+	for ; ; sched.next() {
 		turned()
-		if j := cc.Jitter.D(); j > 0 {
-			select {
-			case <-ctx.Done():
-				return
-			case <-time.After(rand.N(j)):
-			}
+		if !sched.wait(ctx) {
+			return
 		}
 		rctx, cancel := context.WithTimeout(ctx, cc.Timeout.D())
 		r := c.Run(rctx)
@@ -174,11 +169,8 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 			return
 		}
 		if r.NoVerdict {
-			log.Debug("no verdict yet", "duration", r.Duration)
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
+			if log.Enabled(ctx, slog.LevelDebug) {
+				log.Debug("no verdict yet", "duration", r.Duration)
 			}
 			continue
 		}
@@ -204,11 +196,6 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 		if trn, ok := tr.Observe(ev); ok {
 			id := s.publishTransition(ctx, b, log, cc, trn, r, resultID)
 			s.publishGroups(ctx, b, cc.Name, trn.To, id)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
 		}
 	}
 }

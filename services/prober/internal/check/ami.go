@@ -20,11 +20,22 @@ const (
 	amiRedialMax = 2 * time.Second
 )
 
-// AMI asks Asterisk CoreStatus and `core show channels count` over one
+// coreStatusEvery is how stale the CoreStatus figures may get. CoreStatus is
+// not asked on every run: `core show channels count`, asked every run, is the
+// health question (FAN2's), it goes through the same manager session and
+// needs the same live core, so a second round trip per run adds cost, not
+// evidence. What CoreStatus adds is figures (core calls, start-up time),
+// which only leave the prober in raw results (rate-limited, 10 s by default)
+// and are the same on every run in between; a restart that would reset them
+// also ends the session, and the first run on a new session asks again.
+const coreStatusEvery = 10 * time.Second
+
+// AMI asks Asterisk `core show channels count` on every run, and CoreStatus
+// on the first run of each session and then every coreStatusEvery, over one
 // persistent AMI session: questions only a live Asterisk core can answer,
-// which is what FAN2's seed asked. Healthy only when both answer Success with
-// output that parses; anything else, or no answer before the deadline, is a
-// failure.
+// which is what FAN2's seed asked. Healthy only when each action asked
+// answers Success with output that parses; anything else, or no answer
+// before the deadline, is a failure.
 //
 // The login runs in the background with its own deadline (LoginTimeout,
 // above Asterisk's one-second wait before "Authentication failed"), never
@@ -48,6 +59,12 @@ type AMI struct {
 	nextDial time.Time
 	closed   bool
 	wg       sync.WaitGroup
+
+	// The latest CoreStatus, from session statusOf, taken at statusAt.
+	smu      sync.Mutex
+	status   ami.CoreStatus
+	statusOf *ami.Client
+	statusAt time.Time
 }
 
 // NewAMI prepares the check; it dials on the first run and again after the
@@ -69,7 +86,7 @@ func (a *AMI) Run(ctx context.Context) Result {
 	if err != nil {
 		return finishAMI(start, err)
 	}
-	st, err := c.CoreStatus(ctx)
+	st, err := a.coreStatus(ctx, c, start)
 	if err != nil {
 		return finishAMI(start, err)
 	}
@@ -89,6 +106,27 @@ func (a *AMI) Run(ctx context.Context) Result {
 		r.Figures["pbx_uptime_seconds"] = time.Since(st.Startup).Seconds()
 	}
 	return r
+}
+
+// coreStatus asks CoreStatus when this session has not been asked yet or
+// the last answer is coreStatusEvery old, else returns that answer. A failed
+// CoreStatus fails the run and is asked again on the next.
+func (a *AMI) coreStatus(ctx context.Context, c *ami.Client, now time.Time) (ami.CoreStatus, error) {
+	a.smu.Lock()
+	st, fresh := a.status, a.statusOf == c && now.Sub(a.statusAt) < coreStatusEvery
+	a.smu.Unlock()
+	if fresh {
+		return st, nil
+	}
+	st, err := c.CoreStatus(ctx)
+	a.smu.Lock()
+	defer a.smu.Unlock()
+	if err != nil {
+		a.statusOf = nil
+		return st, err
+	}
+	a.status, a.statusOf, a.statusAt = st, c, now
+	return st, nil
 }
 
 func finishAMI(start time.Time, err error) Result {

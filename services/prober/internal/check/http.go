@@ -20,6 +20,11 @@ type HTTP struct {
 	codes  Codes
 	body   *regexp.Regexp
 	client *http.Client
+	// req is parsed once; each run sends a copy carrying its context. The
+	// client and transport only read it.
+	req *http.Request
+	// reqErr is why the URL did not make a request; every run reports it.
+	reqErr error
 }
 
 // NewHTTP makes the check. insecure skips TLS verification, for a node's own
@@ -31,7 +36,12 @@ func NewHTTP(url string, codes Codes, body *regexp.Regexp, insecure bool) *HTTP 
 		IdleConnTimeout:     30 * time.Second,
 		TLSClientConfig:     &tls.Config{InsecureSkipVerify: insecure}, //nolint:gosec // operator's explicit choice
 	}
-	return &HTTP{url: url, codes: codes, body: body, client: &http.Client{Transport: tr}}
+	h := &HTTP{url: url, codes: codes, body: body, client: &http.Client{Transport: tr}}
+	h.req, h.reqErr = http.NewRequest(http.MethodGet, url, nil)
+	if h.reqErr == nil {
+		h.req.Header.Set("User-Agent", "fan-prober")
+	}
+	return h
 }
 
 func (h *HTTP) Kind() string   { return "http" }
@@ -39,12 +49,10 @@ func (h *HTTP) Target() string { return h.url }
 
 func (h *HTTP) Run(ctx context.Context) Result {
 	start := time.Now()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, h.url, nil)
-	if err != nil {
-		return finish(start, fmt.Errorf("http: %w", err))
+	if h.reqErr != nil {
+		return finish(start, fmt.Errorf("http: %w", h.reqErr))
 	}
-	req.Header.Set("User-Agent", "fan-prober")
-	resp, err := h.client.Do(req)
+	resp, err := h.client.Do(h.req.WithContext(ctx))
 	if err != nil {
 		return finish(start, fmt.Errorf("http GET %s: %w", h.url, err))
 	}

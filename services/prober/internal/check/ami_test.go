@@ -1,0 +1,74 @@
+package check
+
+import (
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/pkg/ami"
+	"github.com/fanpbx/fan/pkg/events"
+)
+
+// The health question, `core show channels count`, is asked on every run;
+// CoreStatus only on a session's first run and then every coreStatusEvery,
+// its figures carried on every healthy result in between.
+func TestAMIAsksCoreStatusPerSessionNotPerRun(t *testing.T) {
+	peer, err := amipeer.Start(amipeer.Config{Username: "fan", Secret: "s"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	a := NewAMI(ami.Config{Addr: peer.Addr(), Username: "fan", Secret: "s", LoginTimeout: 3 * time.Second}, slog.New(slog.DiscardHandler))
+	defer a.Close()
+	healthy := func(what string) {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			r := run(t, a, time.Second)
+			if r.NoVerdict {
+				continue
+			}
+			wantOK(t, what, r)
+			for _, k := range []string{"active_channels", "active_calls", "core_current_calls", "core_processed_calls", "pbx_uptime_seconds"} {
+				if _, ok := r.Figures[k]; !ok {
+					t.Fatalf("%s: figures %v lack %s", what, r.Figures, k)
+				}
+			}
+			return
+		}
+		t.Fatalf("%s: no healthy run within 5 s", what)
+	}
+	count := func() (commands, statuses int) {
+		for _, act := range peer.Actions() {
+			switch act.Name {
+			case "Command":
+				commands++
+			case "CoreStatus":
+				statuses++
+			}
+		}
+		return
+	}
+	for range 5 {
+		healthy("steady session")
+	}
+	if c, s := count(); c != 5 || s != 1 {
+		t.Fatalf("5 healthy runs on one session asked Command %d times and CoreStatus %d times, want 5 and 1", c, s)
+	}
+	// A new session (an Asterisk restart looks like this) asks again.
+	peer.DropSessions()
+	for deadline := time.Now().Add(5 * time.Second); !run(t, a, time.Second).OK; {
+		if time.Now().After(deadline) {
+			t.Fatal("no healthy run within 5 s of a new session")
+		}
+		time.Sleep(10 * time.Millisecond) // polling a condition: the redial backs off 50 ms
+	}
+	if _, s := count(); s != 2 {
+		t.Fatalf("CoreStatus asked %d times after a new session, want 2", s)
+	}
+	// A failing PBX still fails every run: the Command is asked each time.
+	if err := peer.SetMode(amipeer.ModeFailing); err != nil {
+		t.Fatal(err)
+	}
+	wantFail(t, "failing PBX", run(t, a, time.Second), events.ErrorUnhealth)
+}
