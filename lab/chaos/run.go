@@ -120,7 +120,10 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			err = errors.Join(err, cerr)
 		}
 	}()
-	st, err := stack.Start(ctx, l, stack.Options{BinDir: cfg.BinDir, Log: cfg.Log})
+	// No flap cap: a chaos run causes a justified failover every minute or
+	// so, and with the production cap (5 an hour, then a needs_human freeze)
+	// it would measure the freeze instead of failover.
+	st, err := stack.Start(ctx, l, stack.Options{BinDir: cfg.BinDir, Log: cfg.Log, MaxMovesPerHour: -1})
 	if st != nil {
 		defer st.Stop()
 	}
@@ -133,9 +136,6 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			fmt.Fprintln(cfg.Out, st.Logs(4000))
 		}
 	}()
-	if err := r.uncap(ctx); err != nil {
-		return res, err
-	}
 	r.client, err = bench.NewClient(l)
 	if err != nil {
 		return res, err
@@ -316,30 +316,6 @@ func (r *runner) printf(format string, args ...any) {
 
 func (r *runner) rel(t time.Time) string {
 	return fmt.Sprintf("+%8.3fs", t.Sub(r.t0).Seconds())
-}
-
-// uncap restarts the arbiter without the flap cap. The cap (5 automatic
-// moves an hour, then a needs_human freeze) is right for a production group
-// that flaps; a chaos run causes a justified failover every minute or so, and
-// with the cap it would measure the freeze instead of failover.
-func (r *runner) uncap(ctx context.Context) error {
-	if err := r.st.AppendConfig(netlab.ControlHost, "arbiter", "policy:\n  max_moves_per_hour: -1\n"); err != nil {
-		return err
-	}
-	if p := r.st.Proc(netlab.ControlHost, "fan-arbiter"); p != nil {
-		if err := p.Stop(); err != nil {
-			return err
-		}
-	}
-	if err := r.st.RestartService(ctx, netlab.ControlHost, "fan-arbiter"); err != nil {
-		return err
-	}
-	// A config the arbiter refuses makes it exit at once.
-	sleepCtx(ctx, 500*time.Millisecond)
-	if p := r.st.Proc(netlab.ControlHost, "fan-arbiter"); p != nil && p.Exited() {
-		return fmt.Errorf("arbiter did not start with the chaos policy: %s", p.Tail(2000))
-	}
-	return nil
 }
 
 func (r *runner) runSchedule(ctx context.Context, schedule []Fault, deadline time.Time) error {

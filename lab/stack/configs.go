@@ -107,5 +107,9 @@ groups:
     addresses: [{{.VIP}}]
     nodes: [{{range $i, $n := .Nodes}}{{if $i}}, {{end}}{{$n}}{{end}}]
     health_check: pbx
+{{- if .MaxMovesPerHour}}
+policy:
+  max_moves_per_hour: {{.MaxMovesPerHour}}
+{{- end}}
 `,
 }

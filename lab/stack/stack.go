@@ -46,8 +46,12 @@ type Options struct {
 	// PresenceInterval is the prober's presence beacon period; the arbiter
 	// counts a node silent after 3 missed beacons.
 	PresenceInterval time.Duration
-	Rise, Fall       int
-	Log              *slog.Logger
+	// MaxMovesPerHour, when not zero, sets the arbiter's flap cap (negative:
+	// no cap). Benchmarks and the chaos suite cause a justified move every
+	// few seconds; with the production cap they would measure the freeze.
+	MaxMovesPerHour int
+	Rise, Fall      int
+	Log             *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -137,7 +141,7 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		"VIP": l.FloatingIP().String(), "AMIAddr": amiAddr, "AMIUser": amiUser, "AMISecret": amiSecret,
 		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
 		"PeerInterval": o.PeerInterval.String(), "PeerTimeout": o.PeerTimeout.String(), "Dir": s.dir,
-		"PresenceInterval": o.PresenceInterval.String(),
+		"PresenceInterval": o.PresenceInterval.String(), "MaxMovesPerHour": o.MaxMovesPerHour,
 	}
 	for _, n := range nodes {
 		if err := s.StartNode(ctx, n.Name); err != nil {
@@ -504,30 +508,11 @@ func (s *Stack) RestartService(ctx context.Context, host, name string) error {
 	case "fan-nats":
 		return s.StartNATS(ctx)
 	case "fan-arbiter", "fan-scheduler":
-		// Start wrote the config under this name; reusing the file keeps
-		// anything AppendConfig added.
+		// Start wrote the config under this name.
 		cfg := filepath.Join(s.dir, host+"-"+strings.TrimPrefix(name, "fan-")+".yaml")
 		return s.start(host, name, "-config", cfg)
 	}
 	return fmt.Errorf("restart %s on %s: unknown service", name, host)
-}
-
-// AppendConfig appends YAML to the config file Start wrote for svc
-// ("arbiter", ...) on host; it takes effect at the next RestartService. It
-// is for top-level keys the lab templates do not set (the strict decoder
-// refuses a key given twice). Node services' files are rewritten by
-// StartNode, so this only lasts for the control host's services.
-func (s *Stack) AppendConfig(host, svc, yaml string) error {
-	p := filepath.Join(s.dir, host+"-"+svc+".yaml")
-	f, err := os.OpenFile(p, os.O_WRONLY|os.O_APPEND, 0)
-	if err != nil {
-		return fmt.Errorf("append to %s config: %w", svc, err)
-	}
-	_, werr := f.WriteString("\n" + yaml)
-	if err := errors.Join(werr, f.Close()); err != nil {
-		return fmt.Errorf("append to %s config: %w", svc, err)
-	}
-	return nil
 }
 
 // NATSURL is the bus address every service of the stack uses.

@@ -111,7 +111,10 @@ func flap(ctx context.Context, log *slog.Logger, bin string, d time.Duration, ad
 		return "", err
 	}
 	defer l.Close()
-	st, err := stack.Start(ctx, l, fanOptions(bin, log, advert, fall))
+	// The production flap cap stays on here: the scenario is about flapping.
+	opts := fanOptions(bin, log, advert, fall)
+	opts.MaxMovesPerHour = 0
+	st, err := stack.Start(ctx, l, opts)
 	if st != nil {
 		defer st.Stop()
 	}
@@ -163,7 +166,8 @@ func flap(ctx context.Context, log *slog.Logger, bin string, d time.Duration, ad
 // and presence beacons at keepalived's advert interval, the same fall.
 func fanOptions(bin string, log *slog.Logger, advert float64, fall int) stack.Options {
 	every := time.Duration(advert * float64(time.Second))
-	return stack.Options{BinDir: bin, Log: log, Fall: fall, PeerInterval: every, PeerTimeout: every * 4 / 5, PresenceInterval: every}
+	return stack.Options{BinDir: bin, Log: log, Fall: fall, PeerInterval: every, PeerTimeout: every * 4 / 5, PresenceInterval: every,
+		MaxMovesPerHour: -1} // every cycle is a justified move: the flap cap would freeze the group
 }
 
 // measure runs one system through one scenario on a fresh lab, so one
