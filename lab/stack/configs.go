@@ -107,9 +107,17 @@ groups:
     addresses: [{{.VIP}}]
     nodes: [{{range $i, $n := .Nodes}}{{if $i}}, {{end}}{{$n}}{{end}}]
     health_check: pbx
-{{- if .MaxMovesPerHour}}
+{{- if or .MaxMovesPerHour .PresenceGrace .ArbiterTick}}
 policy:
+{{- if .MaxMovesPerHour}}
   max_moves_per_hour: {{.MaxMovesPerHour}}
+{{- end}}
+{{- if .PresenceGrace}}
+  presence_grace: {{.PresenceGrace}}
+{{- end}}
+{{- if .ArbiterTick}}
+  tick_every: {{.ArbiterTick}}
+{{- end}}
 {{- end}}
 `,
 }

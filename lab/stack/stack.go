@@ -50,8 +50,11 @@ type Options struct {
 	// no cap). Benchmarks and the chaos suite cause a justified move every
 	// few seconds; with the production cap they would measure the freeze.
 	MaxMovesPerHour int
-	Rise, Fall      int
-	Log             *slog.Logger
+	// PresenceGrace and ArbiterTick, when set, tune how fast the arbiter
+	// acts on missed presence beacons (policy.presence_grace, tick_every).
+	PresenceGrace, ArbiterTick time.Duration
+	Rise, Fall                 int
+	Log                        *slog.Logger
 }
 
 func (o *Options) defaults() {
@@ -142,6 +145,7 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
 		"PeerInterval": o.PeerInterval.String(), "PeerTimeout": o.PeerTimeout.String(), "Dir": s.dir,
 		"PresenceInterval": o.PresenceInterval.String(), "MaxMovesPerHour": o.MaxMovesPerHour,
+		"PresenceGrace": durOrEmpty(o.PresenceGrace), "ArbiterTick": durOrEmpty(o.ArbiterTick),
 	}
 	for _, n := range nodes {
 		if err := s.StartNode(ctx, n.Name); err != nil {
@@ -226,6 +230,14 @@ func (s *Stack) ThawPBX(ctx context.Context, node string) error {
 		return fmt.Errorf("thaw ami on %s: %w: %s", node, err, out)
 	}
 	return s.StartNode(ctx, node)
+}
+
+// durOrEmpty renders an optional duration for a template: empty when unset.
+func durOrEmpty(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return d.String()
 }
 
 func clone(m map[string]any) map[string]any {

@@ -25,6 +25,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -39,6 +40,10 @@ const (
 
 // ErrClosed is returned by Ping on a closed Pinger.
 var ErrClosed = errors.New("sipclient: pinger closed")
+
+// ErrRefused is returned, with Options.FailFast, when the target reports
+// that nothing listens on its port (ICMP port unreachable).
+var ErrRefused = errors.New("sipclient: refused")
 
 // ErrConnLost is returned by a TCP Ping whose connection ended before the answer came.
 var ErrConnLost = errors.New("sipclient: connection lost")
@@ -66,6 +71,13 @@ type Options struct {
 	// Zero means DefaultT1; negative sends each request once. A probe with a short
 	// deadline wants a short T1, or it never retransmits.
 	T1 time.Duration
+	// FailFast connects the UDP socket to the target, so an ICMP port
+	// unreachable (a SIP stack that died, its port closed) fails the probes
+	// in flight at once with ErrRefused instead of at their deadline. The
+	// price: a late ICMP error can fail one probe sent after the port came
+	// back, which rise/fall hysteresis absorbs. Health checks want it; a
+	// pinger that must not misreport a single probe does not.
+	FailFast bool
 }
 
 // Reply is a matched final response.
@@ -94,7 +106,8 @@ type Pinger struct {
 	local     netip.AddrPort // UDP: the socket; TCP: the source address, port 0
 	seq       atomic.Uint32
 
-	udp *net.UDPConn
+	udp       *net.UDPConn
+	connected bool // FailFast: the UDP socket is connected to target
 
 	// dialing is a one-slot semaphore (waitable with a context, unlike a mutex):
 	// one Ping at a time replaces a broken TCP connection.
@@ -169,11 +182,17 @@ func NewPingerWith(target string, o Options) (*Pinger, error) {
 	if o.Transport == TCP {
 		return p, nil
 	}
-	// Unconnected on purpose: a connected UDP socket turns an ICMP port unreachable for
-	// one probe into a read error for whichever probe reads next.
-	conn, err := net.ListenUDP("udp", net.UDPAddrFromAddrPort(p.local))
+	// Unconnected unless FailFast: a connected UDP socket turns an ICMP port
+	// unreachable for one probe into a read error for whichever probe reads next.
+	var conn *net.UDPConn
+	if o.FailFast {
+		conn, err = net.DialUDP("udp", net.UDPAddrFromAddrPort(p.local), net.UDPAddrFromAddrPort(dst))
+		p.connected = true
+	} else {
+		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(p.local))
+	}
 	if err != nil {
-		return nil, fmt.Errorf("sipclient: listen on %s: %w", src.Addr(), err)
+		return nil, fmt.Errorf("sipclient: socket from %s: %w", src.Addr(), err)
 	}
 	p.udp = conn
 	la := conn.LocalAddr().(*net.UDPAddr).AddrPort()
@@ -267,7 +286,10 @@ func (p *Pinger) pingUDP(ctx context.Context, pr *probe, branch string) (Reply, 
 	msg := buildOptions(p.target, p.local, UDP, branch, randHex(8), pr.callID, pr.cseq)
 	pr.sent = time.Now()
 	sent := 1
-	if _, err := p.udp.WriteToUDPAddrPort(msg, p.target); err != nil {
+	if err := p.writeUDP(msg); err != nil {
+		if p.connected && errors.Is(err, syscall.ECONNREFUSED) {
+			return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s: %w", p.target, ErrRefused)
+		}
 		return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s: %w", p.target, err)
 	}
 	// With retransmission off the timer channel stays nil and never fires.
@@ -287,7 +309,7 @@ func (p *Pinger) pingUDP(ctx context.Context, pr *probe, branch string) (Reply, 
 		case <-retransmit:
 			// A send error here (ENOBUFS, a transient unreachable) is not final:
 			// the deadline decides.
-			_, _ = p.udp.WriteToUDPAddrPort(msg, p.target)
+			_ = p.writeUDP(msg)
 			sent++
 			interval = min(2*interval, T2)
 			t.Reset(interval)
@@ -395,6 +417,30 @@ func (p *Pinger) readTCP(tc *tcpConn) {
 	}
 }
 
+func (p *Pinger) writeUDP(msg []byte) error {
+	if p.connected {
+		_, err := p.udp.Write(msg)
+		return err
+	}
+	_, err := p.udp.WriteToUDPAddrPort(msg, p.target)
+	return err
+}
+
+// refuseAll fails every probe in flight: on a connected socket an ICMP port
+// unreachable can only be about the one target.
+func (p *Pinger) refuseAll() {
+	p.mu.Lock()
+	var failed []*probe
+	for branch, pr := range p.pending {
+		failed = append(failed, pr)
+		delete(p.pending, branch)
+	}
+	p.mu.Unlock()
+	for _, pr := range failed {
+		pr.ch <- outcome{err: fmt.Errorf("sipclient: OPTIONS to %s: %w", p.target, ErrRefused)}
+	}
+}
+
 func (p *Pinger) readUDP() {
 	buf := make([]byte, 65535)
 	for {
@@ -410,6 +456,9 @@ func (p *Pinger) readUDP() {
 			// is caught above.
 			if errors.Is(err, net.ErrClosed) {
 				return
+			}
+			if p.connected && errors.Is(err, syscall.ECONNREFUSED) {
+				p.refuseAll()
 			}
 			continue
 		}

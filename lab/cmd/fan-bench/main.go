@@ -166,7 +166,11 @@ func flap(ctx context.Context, log *slog.Logger, bin string, d time.Duration, ad
 // and presence beacons at keepalived's advert interval, the same fall.
 func fanOptions(bin string, log *slog.Logger, advert float64, fall int) stack.Options {
 	every := time.Duration(advert * float64(time.Second))
+	// Silence is 3 missed beacons, as keepalived's master-down is 3 missed
+	// adverts (plus its skew); a small grace and a fine tick keep the
+	// arbiter from adding more than keepalived's skew on top.
 	return stack.Options{BinDir: bin, Log: log, Fall: fall, PeerInterval: every, PeerTimeout: every * 4 / 5, PresenceInterval: every,
+		PresenceGrace: every / 5, ArbiterTick: 10 * time.Millisecond,
 		MaxMovesPerHour: -1} // every cycle is a justified move: the flap cap would freeze the group
 }
 

@@ -34,12 +34,12 @@ import (
 // always goes to the same worker, so its own heartbeats never race.
 const registryWorkers = 4
 
-// tickEvery drives the core's timers (claim timeouts, silence). It bounds
+// defaultTickEvery drives the core's timers (claim timeouts, silence). It bounds
 // how late a silence by missed presence beacons is acted on, so it is a
 // fraction of the beacon interval; a tick costs microseconds per group.
 // how late a timer fires, not how fast a health transition is acted on:
 // events are handled as they arrive.
-const tickEvery = 25 * time.Millisecond
+const defaultTickEvery = 25 * time.Millisecond
 
 // statusRefresh rewrites group status at least this often so fanctl shows
 // fresh heartbeat ages even when nothing changed.
@@ -170,7 +170,7 @@ func (s *Service) Run(ctx context.Context) error {
 		leaseDone := make(chan struct{})
 		go func() { l.Run(ctx, changes); close(leaseDone) }()
 
-		t := time.NewTicker(tickEvery)
+		t := time.NewTicker(s.cfg.Policy.TickEvery.D())
 		defer t.Stop()
 		// The watchdog counts the decision loop alive while it ticks; a
 		// loop stuck in a publish for seconds is worth a restart.

@@ -146,12 +146,15 @@ type PolicyConfig struct {
 	// node silent: 3 x 100 ms + 50 ms with the prober's defaults.
 	PresenceMisses int             `yaml:"presence_misses"`
 	PresenceGrace  config.Duration `yaml:"presence_grace"`
-	ClaimTimeout   config.Duration `yaml:"claim_timeout"`
-	CommandTTL     config.Duration `yaml:"command_ttl"`
-	HoldDown       config.Duration `yaml:"hold_down"`
-	RetryBackoff   config.Duration `yaml:"retry_backoff"`
-	SettleAfter    config.Duration `yaml:"settle_after"`
-	ClockSkew      config.Duration `yaml:"clock_skew"`
+	// TickEvery is how often the decision core's timers run (silence,
+	// claim timeouts): how late past its limit a silence is acted on.
+	TickEvery    config.Duration `yaml:"tick_every"`
+	ClaimTimeout config.Duration `yaml:"claim_timeout"`
+	CommandTTL   config.Duration `yaml:"command_ttl"`
+	HoldDown     config.Duration `yaml:"hold_down"`
+	RetryBackoff config.Duration `yaml:"retry_backoff"`
+	SettleAfter  config.Duration `yaml:"settle_after"`
+	ClockSkew    config.Duration `yaml:"clock_skew"`
 	// MaxMovesPerHour caps automatic moves per group (default 5; negative: no cap).
 	MaxMovesPerHour int `yaml:"max_moves_per_hour"`
 }
@@ -163,6 +166,12 @@ func (c *Config) Validate() error {
 	}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = config.Duration(3 * time.Second)
+	}
+	if c.Policy.TickEvery == 0 {
+		c.Policy.TickEvery = config.Duration(defaultTickEvery)
+	}
+	if d := c.Policy.TickEvery.D(); d < 5*time.Millisecond || d > time.Second {
+		return config.Errf("policy.tick_every", "must be between 5ms and 1s, got %v", d)
 	}
 	if d := c.LeaseTTL.D(); d < time.Second || d%time.Second != 0 {
 		return config.Errf("lease_ttl", "must be whole seconds, at least 1s (the server's TTL granularity), got %v", d)

@@ -120,7 +120,10 @@ func (s *Service) newChecker(cc CheckConfig) (check.Checker, error) {
 			DialTimeout: cc.Timeout.D(), LoginTimeout: cc.LoginTimeout.D()},
 			s.log.With("check", cc.Name)), nil
 	case "sip":
-		c, err := check.NewSIP(cc.Address, sipoptions.Options{Transport: sipoptions.Transport(cc.Transport), T1: cc.Retransmit.D()}, cc.codes)
+		// FailFast: a dead SIP stack (port closed, ICMP unreachable) fails
+		// the run at once instead of at its timeout; rise/fall absorbs the
+		// rare stale ICMP error after the port came back.
+		c, err := check.NewSIP(cc.Address, sipoptions.Options{Transport: sipoptions.Transport(cc.Transport), T1: cc.Retransmit.D(), FailFast: true}, cc.codes)
 		if err != nil {
 			return nil, fmt.Errorf("check %s: %w", cc.Name, err)
 		}

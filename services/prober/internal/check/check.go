@@ -14,6 +14,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
 // Result is one run of a check.
@@ -58,7 +59,7 @@ func classify(err error) events.ErrorClass {
 		return events.ErrorUnhealth
 	case errors.Is(err, ErrProtocol):
 		return events.ErrorProtocol
-	case errors.Is(err, syscall.ECONNREFUSED):
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, sipoptions.ErrRefused):
 		return events.ErrorRefused
 	}
 	var ne net.Error
