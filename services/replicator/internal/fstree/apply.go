@@ -65,7 +65,15 @@ type ApplyOptions struct {
 	Workers int
 	// Now stamps the conflict directory.
 	Now time.Time
+	// Partial: want lists only part of the tree (a progress manifest).
+	// Nothing absent from it is deleted; a path that would have to change
+	// kind (so delete first) makes the whole apply refuse, with
+	// ErrNeedsFull, to wait for the full manifest.
+	Partial bool
 }
+
+// ErrNeedsFull: a partial apply would have to delete something.
+var ErrNeedsFull = errors.New("partial manifest needs deletions; waiting for the full one")
 
 // Conflict is a local file preserved before replication replaced it.
 type Conflict struct {
@@ -181,6 +189,14 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 			metaFix = append(metaFix, w)
 		}
 	}
+	if o.Partial {
+		for _, l := range append(delFiles, delDirs...) {
+			if _, ok := wm[l.Path]; ok {
+				return res, fmt.Errorf("%w: %s changes kind", ErrNeedsFull, l.Path)
+			}
+		}
+		delFiles, delDirs = nil, nil
+	}
 	localFiles := Files(local.Entries)
 	if n := len(delFiles); n > o.AllowDeletes && float64(n) > o.MaxDeleteShare*float64(localFiles) {
 		return res, &ValveError{Deletes: n, TargetFiles: localFiles, MaxShare: o.MaxDeleteShare}
@@ -277,8 +293,13 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 		}
 		touch(w.Path)
 	}
+	d, err := newDurability(sc.Root)
+	if err != nil {
+		return res, fmt.Errorf("apply: %w", err)
+	}
+	defer d.close()
 	for _, batch := range [][]Entry{first, last} {
-		if err := writeAll(ctx, sc, batch, o, &res); err != nil {
+		if err := writeAll(ctx, sc, batch, o, &res, d); err != nil {
 			return res, err
 		}
 	}
@@ -309,22 +330,43 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 		}
 	}
 	// Renames are atomic at once, durable only once their directory is.
-	for dir := range touched {
-		if err := syncDir(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
-			return res, fmt.Errorf("apply: sync %s: %w", dir, err)
-		}
+	if err := d.syncDirs(touched); err != nil {
+		return res, fmt.Errorf("apply: %w", err)
 	}
 	return res, nil
 }
 
-func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, res *ApplyResult) error {
+// writeAll writes a batch of files and symlinks. Workers fetch each
+// content into a temp file next to its final name; a committer makes the
+// temp files durable and only then renames them into place. It commits
+// whatever the workers staged while its previous commit ran, so one file
+// costs one fsync while a large sync shares one flush among hundreds
+// (group commit): per-file fsync was half the target's blocking time in the
+// profile of a 10,000-file sync. Every file of the batch is renamed before
+// writeAll returns, which keeps the media-before-.txt order of the batches.
+func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, res *ApplyResult, d *durability) error {
 	workers := o.Workers
 	if workers <= 0 {
 		workers = 4
 	}
+	// Fetching mostly waits on the bus: twice as many as hash.
+	workers *= 2
 	var mu sync.Mutex
 	var firstErr error
+	fail := func(err error) {
+		mu.Lock()
+		if firstErr == nil {
+			firstErr = err
+		}
+		mu.Unlock()
+	}
+	failed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return firstErr != nil
+	}
 	work := make(chan Entry)
+	staged := make(chan *stagedFile, d.queue())
 	var wg sync.WaitGroup
 	for range workers {
 		wg.Add(1)
@@ -332,33 +374,75 @@ func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, r
 			defer wg.Done()
 			for w := range work {
 				full := filepath.Join(sc.Root, filepath.FromSlash(w.Path))
-				var n int64
-				var err error
 				if w.Kind == KindSymlink {
-					err = writeSymlink(full, w, o.Owner)
-				} else {
-					n, err = writeFile(ctx, full, w, o)
+					err := writeSymlink(full, w, o.Owner)
+					mu.Lock()
+					if err != nil {
+						if firstErr == nil {
+							firstErr = fmt.Errorf("apply: %s: %w", w.Path, err)
+						}
+					} else {
+						res.Files++
+					}
+					mu.Unlock()
+					continue
 				}
-				mu.Lock()
+				sf, err := stageFile(ctx, full, w, o, d)
 				switch {
 				case errors.Is(err, ErrMissingContent):
+					mu.Lock()
 					res.Missing = append(res.Missing, w.Hash)
+					mu.Unlock()
 				case err != nil:
-					if firstErr == nil {
-						firstErr = fmt.Errorf("apply: %s: %w", w.Path, err)
-					}
+					fail(fmt.Errorf("apply: %s: %w", w.Path, err))
 				default:
-					res.Files++
-					res.Bytes += n
-				}
-				mu.Unlock()
-				if err == nil && w.Kind == KindFile {
-					sc.Remember(w.Path, w.Hash)
+					staged <- sf
 				}
 			}
 		}()
 	}
+	committed := make(chan struct{})
+	go func() {
+		defer close(committed)
+		var group []*stagedFile
+		for sf := range staged {
+			group = append(group[:0], sf)
+			// Take whatever else is ready (group commit), up to the queue.
+		more:
+			for len(group) < d.queue() {
+				select {
+				case sf, ok := <-staged:
+					if !ok {
+						break more
+					}
+					group = append(group, sf)
+				default:
+					break more
+				}
+			}
+			if failed() || ctx.Err() != nil {
+				discard(group)
+				continue
+			}
+			if err := d.commit(group); err != nil {
+				fail(fmt.Errorf("apply: %w", err))
+				continue
+			}
+			mu.Lock()
+			for _, sf := range group {
+				res.Files++
+				res.Bytes += sf.n
+			}
+			mu.Unlock()
+			for _, sf := range group {
+				sc.Remember(sf.w.Path, sf.w.Hash)
+			}
+		}
+	}()
 	for _, w := range batch {
+		if failed() {
+			break
+		}
 		select {
 		case work <- w:
 		case <-ctx.Done():
@@ -366,21 +450,26 @@ func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, r
 	}
 	close(work)
 	wg.Wait()
+	close(staged)
+	<-committed
 	if firstErr != nil {
 		return firstErr
 	}
 	return ctx.Err()
 }
 
-func writeFile(ctx context.Context, full string, w Entry, o ApplyOptions) (int64, error) {
+// stageFile writes w's content to a temp file next to full, checks its
+// hash and gives it owner, mode and mtime. The file is left open and not
+// yet durable: the committer syncs it, then renames it over full.
+func stageFile(ctx context.Context, full string, w Entry, o ApplyOptions, d *durability) (*stagedFile, error) {
 	rc, err := o.Fetch(ctx, w.Hash)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
 	defer rc.Close()
 	tmp, err := os.CreateTemp(filepath.Dir(full), TempPrefix+filepath.Base(full)+"-*")
 	if err != nil {
-		return 0, fmt.Errorf("temp file: %w", err)
+		return nil, fmt.Errorf("temp file: %w", err)
 	}
 	done := false
 	defer func() {
@@ -389,6 +478,11 @@ func writeFile(ctx context.Context, full string, w Entry, o ApplyOptions) (int64
 			os.Remove(tmp.Name())
 		}
 	}()
+	// Watch the file system for write-back errors from before the first byte.
+	dev, err := d.watch(tmp)
+	if err != nil {
+		return nil, err
+	}
 	h := sha256.New()
 	dst := io.MultiWriter(tmp, h)
 	var n int64
@@ -404,34 +498,25 @@ func writeFile(ctx context.Context, full string, w Entry, o ApplyOptions) (int64
 		n += m
 	}
 	if err != nil {
-		return 0, fmt.Errorf("fetch %s: %w", w.Hash, err)
+		return nil, fmt.Errorf("fetch %s: %w", w.Hash, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != w.Hash {
-		return 0, fmt.Errorf("content %s arrived with hash %s", w.Hash, got)
+		return nil, fmt.Errorf("content %s arrived with hash %s", w.Hash, got)
 	}
 	if o.Owner {
 		if err := tmp.Chown(w.UID, w.GID); err != nil {
-			return 0, fmt.Errorf("chown: %w", err)
+			return nil, fmt.Errorf("chown: %w", err)
 		}
 	}
 	if err := tmp.Chmod(w.FileMode()); err != nil {
-		return 0, fmt.Errorf("chmod: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return 0, fmt.Errorf("fsync: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return 0, fmt.Errorf("close: %w", err)
+		return nil, fmt.Errorf("chmod: %w", err)
 	}
 	mt := time.Unix(0, w.MTime)
 	if err := os.Chtimes(tmp.Name(), mt, mt); err != nil {
-		return 0, fmt.Errorf("chtimes: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), full); err != nil {
-		return 0, fmt.Errorf("rename: %w", err)
+		return nil, fmt.Errorf("chtimes: %w", err)
 	}
 	done = true
-	return n, nil
+	return d.staged(&stagedFile{w: w, f: tmp, full: full, n: n, dev: dev})
 }
 
 func writeSymlink(full string, w Entry, owner bool) error {
@@ -508,15 +593,6 @@ func keepCopy(src, dst string) error {
 		return err
 	}
 	return out.Close()
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }
 
 func isTxt(p string) bool { return strings.HasSuffix(p, ".txt") }

@@ -219,57 +219,64 @@ func TestSafetyValve(t *testing.T) {
 }
 
 // TestCrashMidTransferLeavesNoPartialFile kills (SIGKILL) a process in the
-// middle of writing a file over an older version: the final name still
-// holds the old content, the partial content is only in a temp file the
-// scans ignore, and the next start removes it.
+// middle of writing a file over an older version, and again once files are
+// written and verified but not yet made durable and renamed (the group
+// commit's window): the final names still hold the old content or nothing,
+// the new content is only in temp files the scans ignore, and the next
+// start removes them.
 func TestCrashMidTransferLeavesNoPartialFile(t *testing.T) {
 	if os.Getenv("FSTREE_CRASH_HELPER") != "" {
 		t.Skip("helper process")
 	}
-	dst := t.TempDir()
-	put(t, dst, "msg0001.wav", "old version")
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.v")
-	cmd.Env = append(os.Environ(), "FSTREE_CRASH_HELPER="+dst)
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(out)
-	var tmp string
-	for sc.Scan() {
-		if p, ok := strings.CutPrefix(sc.Text(), "PARTIAL "); ok {
-			tmp = p
-			break
-		}
-	}
-	if tmp == "" {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		t.Fatal("helper never reached the middle of the transfer")
-	}
-	_ = cmd.Process.Signal(syscall.SIGKILL)
-	_ = cmd.Wait()
+	for _, at := range []string{"partial", "commit"} {
+		t.Run(at, func(t *testing.T) {
+			dst := t.TempDir()
+			put(t, dst, "msg0001.wav", "old version")
+			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.v")
+			cmd.Env = append(os.Environ(), "FSTREE_CRASH_HELPER="+dst, "FSTREE_CRASH_AT="+at)
+			out, err := cmd.StdoutPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cmd.Stderr = os.Stderr
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			sc := bufio.NewScanner(out)
+			var tmp string
+			for sc.Scan() {
+				if p, ok := strings.CutPrefix(sc.Text(), "PARTIAL "); ok {
+					tmp = p
+					break
+				}
+			}
+			if tmp == "" {
+				_ = cmd.Process.Kill()
+				_ = cmd.Wait()
+				t.Fatal("helper never reached the point of death")
+			}
+			_ = cmd.Process.Signal(syscall.SIGKILL)
+			_ = cmd.Wait()
 
-	if fi, err := os.Stat(tmp); err != nil || fi.Size() == 0 {
-		t.Fatalf("the helper did not die mid-write (temp %v, %v)", fi, err)
-	}
-	if b, _ := os.ReadFile(filepath.Join(dst, "msg0001.wav")); string(b) != "old version" {
-		t.Fatalf("final name holds %d bytes of something else after a crash", len(b))
-	}
-	ex, _ := NewExcluder(nil)
-	r, err := (&Scanner{Root: dst, Exclude: ex}).Scan(context.Background())
-	if err != nil || len(r.Entries) != 1 {
-		t.Fatalf("a scan sees the partial file: %+v %v", r.Entries, err)
-	}
-	if err := RemoveTemps(dst); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(tmp); !os.IsNotExist(err) {
-		t.Fatalf("leftover temp not removed: %v", err)
+			if fi, err := os.Stat(tmp); err != nil || fi.Size() == 0 {
+				t.Fatalf("the helper did not die mid-write (temp %v, %v)", fi, err)
+			}
+			if b, _ := os.ReadFile(filepath.Join(dst, "msg0001.wav")); string(b) != "old version" {
+				t.Fatalf("final name holds %d bytes of something else after a crash", len(b))
+			}
+			ex, _ := NewExcluder(nil)
+			r, err := (&Scanner{Root: dst, Exclude: ex}).Scan(context.Background())
+			if err != nil || len(r.Entries) != 1 {
+				t.Fatalf("a scan sees new or partial files: %+v %v", r.Entries, err)
+			}
+			if err := RemoveTemps(dst); err != nil {
+				t.Fatal(err)
+			}
+			left, _ := filepath.Glob(filepath.Join(dst, TempPrefix+"*"))
+			if len(left) > 0 {
+				t.Fatalf("leftover temps not removed: %v", left)
+			}
+		})
 	}
 }
 
@@ -279,20 +286,140 @@ func TestCrashHelper(t *testing.T) {
 	if dst == "" {
 		t.Skip("run by TestCrashMidTransferLeavesNoPartialFile")
 	}
-	data := make([]byte, 4<<20)
-	_, _ = rand.Read(data)
-	sum := sha256.Sum256(data)
-	h := hex.EncodeToString(sum[:])
-	m := memStore{h: data}
-	afterPartialWrite = func(tmp string) {
-		fmt.Printf("PARTIAL %s\n", tmp)
-		select {} // wait for the kill
+	m := memStore{}
+	var want []Entry
+	add := func(name string, n int) {
+		data := make([]byte, n)
+		_, _ = rand.Read(data)
+		sum := sha256.Sum256(data)
+		h := hex.EncodeToString(sum[:])
+		m[h] = data
+		want = append(want, Entry{Path: name, Kind: KindFile, Mode: 0o644, Size: int64(n), Hash: h, MTime: time.Now().UnixNano()})
 	}
+	add("msg0001.wav", 4<<20)
+	if os.Getenv("FSTREE_CRASH_AT") == "commit" {
+		// More files, all new: none may appear before its commit.
+		for i := range 2 * groupSync {
+			add(fmt.Sprintf("new%02d.wav", i), 64<<10)
+		}
+		beforeCommit = func(group []*stagedFile) {
+			fmt.Printf("PARTIAL %s\n", group[0].tmp)
+			select {} // wait for the kill
+		}
+	} else {
+		afterPartialWrite = func(tmp string) {
+			fmt.Printf("PARTIAL %s\n", tmp)
+			select {} // wait for the kill
+		}
+	}
+	Sort(want)
 	ex, _ := NewExcluder(nil)
 	o := opts(m)
 	o.Known = map[string]string{"msg0001.wav": "f:whatever"}
 	o.ConflictDir = t.TempDir()
-	_, _ = Apply(context.Background(), &Scanner{Root: dst, Exclude: ex},
-		[]Entry{{Path: "msg0001.wav", Kind: KindFile, Mode: 0o644, Size: int64(len(data)), Hash: h, MTime: time.Now().UnixNano()}}, o)
+	_, _ = Apply(context.Background(), &Scanner{Root: dst, Exclude: ex}, want, o)
 	t.Fatal("apply finished; it should have been killed")
+}
+
+// TestApplyDurabilityModes: whole trees and single files arrive intact
+// both when groups are flushed with syncfs and when every file is fsynced
+// (older kernels, or FSTREE_NO_SYNCFS).
+func TestApplyDurabilityModes(t *testing.T) {
+	for _, noSyncfs := range []string{"", "1"} {
+		t.Run("no_syncfs="+noSyncfs, func(t *testing.T) {
+			t.Setenv("FSTREE_NO_SYNCFS", noSyncfs)
+			src, dst := t.TempDir(), t.TempDir()
+			m := memStore{}
+			for i := range 300 {
+				put(t, src, fmt.Sprintf("d%d/f%03d", i%7, i), strings.Repeat("x", i*97))
+			}
+			ex, _ := NewExcluder(nil)
+			sc := &Scanner{Root: dst, Exclude: ex}
+			o := opts(m)
+			want := scanInto(t, src, nil, m)
+			res, err := Apply(context.Background(), sc, want, o)
+			if err != nil || res.Files != 300 {
+				t.Fatalf("%+v %v", res, err)
+			}
+			put(t, src, "d1/one", "a single change")
+			o.Known = KnownOf(want)
+			want = scanInto(t, src, nil, m)
+			if res, err = Apply(context.Background(), sc, want, o); err != nil || res.Files != 1 {
+				t.Fatalf("%+v %v", res, err)
+			}
+			got, err := (&Scanner{Root: dst, Exclude: ex}).Scan(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if Digest(got.Entries) != Digest(want) {
+				t.Fatal("target differs from the source")
+			}
+			if left, _ := filepath.Glob(filepath.Join(dst, "*", TempPrefix+"*")); len(left) > 0 {
+				t.Fatalf("temps left: %v", left)
+			}
+		})
+	}
+}
+
+// TestPartialApply: a progress manifest adds and updates but never
+// deletes, and one that would need a deletion is refused whole.
+func TestPartialApply(t *testing.T) {
+	src, dst := t.TempDir(), t.TempDir()
+	m := memStore{}
+	put(t, src, "a/msg0000.wav", "audio")
+	put(t, dst, "a/old.wav", "only on the target")
+	put(t, dst, "b", "a file where the source has a directory")
+	ex, _ := NewExcluder(nil)
+	sc := &Scanner{Root: dst, Exclude: ex}
+	o := opts(m)
+	o.Partial = true
+	o.ConflictDir = t.TempDir()
+	res, err := Apply(context.Background(), sc, scanInto(t, src, nil, m), o)
+	if err != nil || res.Files != 1 || res.Deleted != 0 {
+		t.Fatalf("%+v %v", res, err)
+	}
+	for _, p := range []string{"a/old.wav", "b", "a/msg0000.wav"} {
+		if _, err := os.Stat(filepath.Join(dst, p)); err != nil {
+			t.Fatalf("%s: %v", p, err)
+		}
+	}
+	put(t, src, "b/x", "x")
+	if _, err := Apply(context.Background(), sc, scanInto(t, src, nil, m), o); !errors.Is(err, ErrNeedsFull) {
+		t.Fatalf("kind change in a partial apply: %v", err)
+	}
+	if b, _ := os.ReadFile(filepath.Join(dst, "b")); string(b) != "a file where the source has a directory" {
+		t.Fatalf("b = %q", b)
+	}
+}
+
+// TestStoredPart: a progress manifest lists what is stored, and a
+// message's .txt only with all of its media.
+func TestStoredPart(t *testing.T) {
+	es := []Entry{
+		{Path: "INBOX", Kind: KindDir},
+		{Path: "INBOX/msg0000.WAV", Kind: KindFile, Hash: "w0"},
+		{Path: "INBOX/msg0000.txt", Kind: KindFile, Hash: "t0"},
+		{Path: "INBOX/msg0000.wav", Kind: KindFile, Hash: "x0"}, // not stored yet
+		{Path: "INBOX/msg0001.txt", Kind: KindFile, Hash: "t1"},
+		{Path: "INBOX/msg0001.wav", Kind: KindFile, Hash: "w1"},
+		{Path: "INBOX/msg0002.txt", Kind: KindFile, Hash: "t2"}, // no media at all
+		{Path: "link", Kind: KindSymlink, Link: "INBOX"},
+	}
+	stored := func(h string) bool { return h != "x0" }
+	var got []string
+	for _, e := range StoredPart(es, stored) {
+		got = append(got, e.Path)
+	}
+	want := "INBOX INBOX/msg0000.WAV INBOX/msg0001.txt INBOX/msg0001.wav INBOX/msg0002.txt link"
+	if strings.Join(got, " ") != want {
+		t.Fatalf("got  %s\nwant %s", strings.Join(got, " "), want)
+	}
+}
+
+func TestKernelAtLeast(t *testing.T) {
+	for rel, want := range map[string]bool{"6.1.0-18-amd64": true, "5.8.0": true, "5.7.19": false, "5.10-rc1": true, "4.19.0": false, "x": false} {
+		if got := kernelAtLeast(rel, 5, 8); got != want {
+			t.Errorf("%s: %v, want %v", rel, got, want)
+		}
+	}
 }

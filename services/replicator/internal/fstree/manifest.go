@@ -9,7 +9,9 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io/fs"
+	"path"
 	"sort"
+	"strings"
 	"time"
 )
 
@@ -128,4 +130,34 @@ func Files(es []Entry) int {
 		}
 	}
 	return n
+}
+
+// StoredPart is the part of a tree (entries, sorted) that a target can
+// already be given while the rest is still being uploaded: every directory
+// and symlink, every file whose content is stored, and a voicemail .txt
+// only when every other file of its message (same path, other extension)
+// is in the part too, so Asterisk never lists a message whose audio is
+// missing.
+func StoredPart(entries []Entry, stored func(hash string) bool) []Entry {
+	complete := map[string]bool{} // message stem -> all its media stored
+	for _, e := range entries {
+		if e.Kind == KindFile && !isTxt(e.Path) {
+			stem := strings.TrimSuffix(e.Path, path.Ext(e.Path))
+			ok, seen := complete[stem]
+			complete[stem] = (ok || !seen) && stored(e.Hash)
+		}
+	}
+	var part []Entry
+	for _, e := range entries {
+		if e.Kind == KindFile {
+			if !stored(e.Hash) {
+				continue
+			}
+			if ok, seen := complete[strings.TrimSuffix(e.Path, ".txt")]; isTxt(e.Path) && seen && !ok {
+				continue
+			}
+		}
+		part = append(part, e)
+	}
+	return part
 }

@@ -8,11 +8,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/pprof"
+	"runtime/trace"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 )
@@ -25,7 +28,10 @@ import (
 //
 //	cd services/replicator && go test -run '^$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
 //
-// Data lives under /tmp and is deleted at the end.
+// Data lives under /tmp and is deleted at the end. FAN_BENCH_PROFILE=dir
+// writes a CPU profile and an execution trace of the initial sync alone;
+// FAN_BENCH_ROUNDS sets the latency rounds (default 100); FAN_TEST_DEBUG=1
+// logs every pass.
 func BenchmarkVersusRsync(b *testing.B) {
 	rsync, err := exec.LookPath("rsync")
 	if err != nil {
@@ -58,13 +64,24 @@ func BenchmarkVersusRsync(b *testing.B) {
 		n2 := &node{name: "n2", root: filepath.Join(dir, "fan-dst"), state: filepath.Join(dir, "n2-state")}
 		cfg := func(c *replicate.Config) { c.ScanInterval = time.Hour; c.Workers = 4 }
 		mark := l.mark()
+		stopProfile := profileIf(b, os.Getenv("FAN_BENCH_PROFILE"))
 		start := time.Now()
 		l.start(n1, cfg)
 		l.start(n2, cfg)
 		l.setHolder("n1", 1)
 		l.eventuallyLong = true
-		l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
+		st := l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
 		fInit := time.Since(start)
+		stopProfile()
+		if _, p, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
+			a, ok := p.(*events.ReplicationApplied)
+			return ok && a.Node == "n2" && a.Generation == st.Generation
+		}); i >= 0 {
+			// The source's pass is what the target's apply did not take.
+			apply := time.Duration(p.(*events.ReplicationApplied).DurationMS * float64(time.Millisecond))
+			fmt.Printf("\ninitial sync: %v in all, target apply %v, source pass and hand-over %v\n",
+				fInit.Round(time.Millisecond), apply.Round(time.Millisecond), (fInit - apply).Round(time.Millisecond))
+		}
 		if err := same(src, n2.root); err != nil {
 			b.Fatalf("fan copy differs: %v", err)
 		}
@@ -86,7 +103,7 @@ func BenchmarkVersusRsync(b *testing.B) {
 
 		// Change to visible: write a 16 KiB message on the source, time
 		// until the same bytes are on the target under the final name.
-		const rounds = 100
+		rounds := envInt("FAN_BENCH_ROUNDS", 100)
 		var fLat, rLat []time.Duration
 		for i := range rounds {
 			rel := fmt.Sprintf("bench/%d/INBOX/msg%04d.txt", i%10, i)
@@ -112,6 +129,35 @@ func BenchmarkVersusRsync(b *testing.B) {
 		fmt.Printf("  no-change pass   fan %8.1fms  rsync %8.1fms  fan/rsync %.2f\n", ms(fNoop), ms(rNoop), fNoop.Seconds()/rNoop.Seconds())
 		fmt.Printf("  change latency   fan p50 %6.1fms p99 %6.1fms   rsync run p50 %6.1fms p99 %6.1fms   p99 fan/rsync %.2f\n",
 			ms(fp50), ms(fp99), ms(rp50), ms(rp99), fp99.Seconds()/rp99.Seconds())
+	}
+}
+
+// profileIf writes a CPU profile and an execution trace of the initial
+// sync alone into dir (FAN_BENCH_PROFILE=dir), without the data generation,
+// rsync and the latency rounds the whole-benchmark flags would mix in.
+func profileIf(b *testing.B, dir string) (stop func()) {
+	if dir == "" {
+		return func() {}
+	}
+	cpu, err := os.Create(filepath.Join(dir, "initial.cpu"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	tr, err := os.Create(filepath.Join(dir, "initial.trace"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(cpu); err != nil {
+		b.Fatal(err)
+	}
+	if err := trace.Start(tr); err != nil {
+		b.Fatal(err)
+	}
+	return func() {
+		trace.Stop()
+		pprof.StopCPUProfile()
+		cpu.Close()
+		tr.Close()
 	}
 }
 

@@ -100,7 +100,11 @@ func (l *lab) start(n *node, extra ...func(*replicate.Config)) context.CancelFun
 	for _, f := range extra {
 		f(&cfg)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})).With("node", n.name)
+	level := slog.LevelWarn
+	if os.Getenv("FAN_TEST_DEBUG") != "" {
+		level = slog.LevelDebug
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})).With("node", n.name)
 	e, err := replicate.New(cfg, b, st, prometheus.NewRegistry(), log)
 	if err != nil {
 		t.Fatal(err)
@@ -432,6 +436,125 @@ func TestEmptySourceIsNotPublished(t *testing.T) {
 	})
 	if err := same(moved, n2.root); err != nil {
 		t.Fatalf("target changed after its source vanished: %v", err)
+	}
+}
+
+// TestProgressManifests: while the holder still uploads, a target applies
+// its progress manifest of the current epoch: what is stored so far is
+// written, nothing is deleted, a message's .txt waits for its audio, and
+// nothing is confirmed. Only the full manifest earns a confirmation, and a
+// progress manifest older than the full one is never applied.
+func TestProgressManifests(t *testing.T) {
+	l := newLab(t)
+	n2 := newNode(t, "n2")
+	write(t, n2.root, "default/1000/INBOX/local.txt", []byte("only on n2"))
+	// n1, the holder, is played by the test, straight into the store.
+	b := bustest.Connect(t, l.srv, bus.Identity{Cluster: cluster, Service: "replicator", Node: "n1"})
+	st, err := store.Open(l.ctx, b.JS, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mark := l.mark()
+	l.start(n2)
+	l.setHolder("n1", 1)
+
+	src := t.TempDir()
+	wav, txt := random(300<<10), []byte("callerid=1\n")
+	write(t, src, "default/1000/INBOX/msg0000.wav", wav)
+	write(t, src, "default/1000/INBOX/msg0000.txt", txt)
+	ex, _ := fstree.NewExcluder([]string{"tmp/"})
+	scan := func() []fstree.Entry {
+		r, err := (&fstree.Scanner{Root: src, Exclude: ex}).Scan(l.ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.Entries
+	}
+	publish := func(progress bool, gen uint64, es []fstree.Entry) {
+		m := &fstree.Manifest{Cluster: cluster, Group: group, Tree: "voicemail", Node: "n1", Epoch: 1, Generation: gen,
+			Created: time.Now(), Changed: time.Now(), Digest: fstree.Digest(es), Entries: es}
+		put := st.PutManifest
+		if progress {
+			put = st.PutProgress
+		}
+		if err := put(l.ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store1 := func(data []byte) {
+		if _, err := st.Put(l.ctx, store.HashOf(data), bytes.NewReader(data)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n2path := func(rel string) string { return filepath.Join(n2.root, rel) }
+
+	// Only the audio is stored so far, and the .txt is too (but its
+	// message's audio is what decides).
+	store1(wav)
+	publish(true, 100, fstree.StoredPart(scan(), st.Has))
+	l.eventually("progress applied", 10*time.Second, func() error {
+		_, err := os.Stat(n2path("default/1000/INBOX/msg0000.wav"))
+		return err
+	})
+	if _, err := os.Stat(n2path("default/1000/INBOX/local.txt")); err != nil {
+		t.Fatalf("a progress manifest deleted a file: %v", err)
+	}
+	write(t, src, "default/1000/INBOX/msg0001.wav", wav[:1000])
+	write(t, src, "default/1000/INBOX/msg0001.txt", []byte("waits for its audio"))
+	store1([]byte("waits for its audio"))
+	store1(txt)
+	part := fstree.StoredPart(scan(), func(h string) bool { return st.Has(h) && h != store.HashOf(wav[:1000]) })
+	publish(true, 110, part)
+	l.eventually("second progress applied", 10*time.Second, func() error {
+		_, err := os.Stat(n2path("default/1000/INBOX/msg0000.txt"))
+		return err
+	})
+	if _, err := os.Stat(n2path("default/1000/INBOX/msg0001.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a .txt arrived before its audio (%v)", err)
+	}
+	if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
+		_, ok := p.(*events.ReplicationApplied)
+		return ok
+	}); i >= 0 {
+		t.Fatal("a progress manifest was confirmed")
+	}
+
+	// The full manifest: applied, deletions included, and confirmed.
+	store1(wav[:1000])
+	full := scan()
+	publish(false, 200, full)
+	l.eventually("full manifest confirmed", 10*time.Second, func() error {
+		if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
+			a, ok := p.(*events.ReplicationApplied)
+			return ok && a.Node == "n2" && a.Generation == 200 && a.Error == ""
+		}); i < 0 {
+			return fmt.Errorf("no confirmation")
+		}
+		return nil
+	})
+	if err := same(src, n2.root); err != nil {
+		t.Fatalf("after the full manifest: %v", err)
+	}
+
+	// A progress manifest older than the full one (left from a pass whose
+	// full manifest is out) is never applied; a newer one is.
+	stale := []byte("stale")
+	store1(stale)
+	write(t, src, "default/1000/INBOX/stale.txt", stale)
+	publish(true, 150, scan())
+	if err := os.Remove(filepath.Join(src, "default/1000/INBOX/stale.txt")); err != nil {
+		t.Fatal(err)
+	}
+	fresh := []byte("fresh")
+	store1(fresh)
+	write(t, src, "default/1000/INBOX/fresh.txt", fresh)
+	publish(true, 250, scan())
+	l.eventually("newer progress applied", 10*time.Second, func() error {
+		_, err := os.Stat(n2path("default/1000/INBOX/fresh.txt"))
+		return err
+	})
+	if _, err := os.Stat(n2path("default/1000/INBOX/stale.txt")); !os.IsNotExist(err) {
+		t.Fatalf("a progress manifest older than the full one was applied (%v)", err)
 	}
 }
 

@@ -54,11 +54,20 @@ type worker struct {
 	lastGen   uint64
 	peers     map[string]peerState
 	lastAlarm string
+	// progressOut: a progress manifest of this node is in the bucket;
+	// progressFiles: how many files the last one listed.
+	progressOut   bool
+	progressFiles int
 
 	// target side, and both: what this node last had confirmed
 	known      map[string]string
 	appliedGen uint64
 	appliedEp  uint64
+	// progressGen: the holder's last progress manifest applied;
+	// progressDone: what progress manifests wrote since the last
+	// confirmation, which counts it as part of the pass it confirms.
+	progressGen  uint64
+	progressDone fstree.ApplyResult
 }
 
 type peerState struct {
@@ -173,6 +182,9 @@ func (w *worker) onRole(ctx context.Context) {
 	}
 	was := w.isSource()
 	w.role = r
+	// Progress manifests are per holder and epoch (generations come from
+	// the holder's clock).
+	w.progressDone, w.progressGen = fstree.ApplyResult{}, 0
 	if w.isSource() {
 		w.e.m.source.WithLabelValues(w.t.Name).Set(1)
 		w.log.Info("source of the tree", "epoch", r.Epoch)
@@ -275,7 +287,12 @@ func (w *worker) pass(ctx context.Context, force bool) bool {
 		w.lastAlarm = ""
 	}
 
-	files, bytes, err := w.upload(ctx, entries)
+	progress := func() {
+		if err := w.publishProgress(ctx, epoch, entries, start, changedAt); err != nil && ctx.Err() == nil {
+			w.log.Debug("progress manifest not published", "err", err)
+		}
+	}
+	files, bytes, err := w.upload(ctx, entries, progress)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("upload failed", "err", err)
@@ -306,6 +323,12 @@ func (w *worker) pass(ctx context.Context, force bool) bool {
 		return false
 	}
 	w.lastGen = gen
+	if w.progressOut {
+		w.progressOut = false
+		if err := w.e.store.DeleteProgress(ctx, w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, w.e.cfg.Node); err != nil {
+			w.log.Debug("progress manifest left behind", "err", err)
+		}
+	}
 	if !w.dirty {
 		w.changedAt = time.Time{}
 	}
@@ -322,8 +345,42 @@ func (w *worker) pass(ctx context.Context, force bool) bool {
 	return true
 }
 
-// upload stores the content of every file the bucket lacks.
-func (w *worker) upload(ctx context.Context, entries []fstree.Entry) (int64, int64, error) {
+// progressEvery: during an upload longer than this, a progress manifest
+// (what is stored so far) is published this often, so targets fetch while
+// the source still uploads instead of after it.
+const progressEvery = time.Second
+
+// publishProgress publishes, as a progress manifest, the part of entries
+// whose contents are already stored: every directory and symlink, every
+// file whose content is in the bucket, and a voicemail .txt only once every
+// file of its message (same name, other extensions) is in it too. Targets
+// apply it without deleting anything and do not confirm it.
+func (w *worker) publishProgress(ctx context.Context, epoch uint64, entries []fstree.Entry, start, changedAt time.Time) error {
+	part := fstree.StoredPart(entries, w.e.store.Has)
+	if fstree.Files(part) == w.progressFiles {
+		return nil // nothing new since the last one
+	}
+	if err := w.e.confirmHolder(ctx, epoch); err != nil {
+		return err
+	}
+	gen := max(uint64(time.Now().UnixNano()), w.lastGen+1)
+	m := &fstree.Manifest{
+		Cluster: w.e.cfg.Cluster, Group: w.e.cfg.Group, Tree: w.t.Name, Node: w.e.cfg.Node,
+		Epoch: epoch, Generation: gen, Created: start.UTC(), Changed: changedAt.UTC(), Digest: fstree.Digest(part), Entries: part,
+	}
+	if err := w.e.store.PutProgress(ctx, m); err != nil {
+		return err
+	}
+	w.lastGen = gen
+	w.progressOut = true
+	w.progressFiles = fstree.Files(part)
+	w.log.Debug("progress manifest published", "generation", gen, "files", w.progressFiles)
+	return nil
+}
+
+// upload stores the content of every file the bucket lacks, calling
+// progress every progressEvery while it runs.
+func (w *worker) upload(ctx context.Context, entries []fstree.Entry, progress func()) (int64, int64, error) {
 	var todo []fstree.Entry
 	seen := map[string]bool{}
 	for _, e := range entries {
@@ -335,7 +392,8 @@ func (w *worker) upload(ctx context.Context, entries []fstree.Entry) (int64, int
 	if len(todo) == 0 {
 		return 0, 0, nil
 	}
-	workers := max(w.e.cfg.Workers, 1)
+	// Uploads mostly wait on the bus: twice as many as hash.
+	workers := 2 * max(w.e.cfg.Workers, 1)
 	var mu sync.Mutex
 	var files, bytes int64
 	var firstErr error
@@ -364,14 +422,28 @@ func (w *worker) upload(ctx context.Context, entries []fstree.Entry) (int64, int
 			}
 		}()
 	}
+	w.progressFiles = -1
+	// The first one early, so targets start fetching at once.
+	tick := time.NewTimer(progressEvery / 4)
+	defer tick.Stop()
+feed:
 	for _, e := range todo {
-		mu.Lock()
-		failed := firstErr != nil
-		mu.Unlock()
-		if failed || ctx.Err() != nil {
-			break
+		for {
+			mu.Lock()
+			failed := firstErr != nil
+			mu.Unlock()
+			if failed || ctx.Err() != nil {
+				break feed
+			}
+			select {
+			case ch <- e:
+				continue feed
+			case <-tick.C:
+				progress()
+				tick.Reset(progressEvery)
+			case <-ctx.Done():
+			}
 		}
-		ch <- e
 	}
 	close(ch)
 	wg.Wait()
@@ -456,7 +528,9 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 	name := events.ReplManifestName(w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, r.Holder)
 	m, err := w.e.store.GetManifest(ctx, name)
 	if errors.Is(err, store.ErrNoManifest) {
-		return true // the holder has not published yet
+		// The holder has not published yet; it may be uploading.
+		w.applyProgress(ctx, 0)
+		return true
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -467,6 +541,7 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 	switch {
 	case m.Node != r.Holder || m.Epoch < r.Epoch:
 		// From the holder's earlier tenure: wait for this epoch's.
+		w.applyProgress(ctx, m.Generation)
 		return true
 	case m.Epoch > r.Epoch:
 		// Our view of the status lags: read it again (setRole wakes us).
@@ -478,6 +553,7 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 		return true
 	}
 	if !force && m.Generation == w.appliedGen && m.Epoch == w.appliedEp {
+		w.applyProgress(ctx, m.Generation)
 		return true
 	}
 	start := time.Now()
@@ -501,15 +577,7 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 		return true
 	}
 	changed := res.Files+res.Deleted+res.MetaFixed+int64(len(res.Conflicts)) > 0
-	if len(res.Conflicts) > 0 {
-		w.e.m.conflicts.WithLabelValues(w.t.Name).Add(float64(len(res.Conflicts)))
-		c := events.ReplicationConflict{Node: w.e.cfg.Node, Source: m.Node, Group: w.e.cfg.Group, Tree: w.t.Name, Count: int64(len(res.Conflicts))}
-		for _, cf := range res.Conflicts[:min(len(res.Conflicts), events.MaxConflictsListed)] {
-			c.Files = append(c.Files, events.ConflictFile{Path: cf.Path, Reason: cf.Reason, PreservedAs: cf.PreservedAs})
-		}
-		w.log.Warn("local changes preserved before replication replaced them", "count", c.Count)
-		w.e.emit(ctx, c, events.WithEpoch(m.Epoch))
-	}
+	w.reportConflicts(ctx, m, res.Conflicts)
 	var valve *fstree.ValveError
 	if errors.As(err, &valve) {
 		w.e.m.valve.WithLabelValues(w.t.Name).Inc()
@@ -540,7 +608,8 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 	}
 	a := events.ReplicationApplied{
 		Node: w.e.cfg.Node, Source: m.Node, Group: w.e.cfg.Group, Tree: w.t.Name, Epoch: m.Epoch,
-		Generation: m.Generation, Digest: m.Digest, Files: res.Files, Bytes: res.Bytes, Deleted: res.Deleted,
+		Generation: m.Generation, Digest: m.Digest, Deleted: res.Deleted,
+		Files: res.Files + w.progressDone.Files, Bytes: res.Bytes + w.progressDone.Bytes,
 		Conflicts: int64(len(res.Conflicts)), DurationMS: ms(time.Since(start)), Missing: res.Missing,
 	}
 	if err != nil {
@@ -553,9 +622,79 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 		}
 	}
 	w.e.emit(ctx, a, events.WithEpoch(m.Epoch))
+	w.progressDone = fstree.ApplyResult{}
 	w.log.Debug("applied", "generation", m.Generation, "files", res.Files, "bytes", res.Bytes, "deleted", res.Deleted,
 		"err", err, "ms", time.Since(start).Milliseconds())
 	return err == nil || valve != nil
+}
+
+func (w *worker) reportConflicts(ctx context.Context, m *fstree.Manifest, cs []fstree.Conflict) {
+	if len(cs) == 0 {
+		return
+	}
+	w.e.m.conflicts.WithLabelValues(w.t.Name).Add(float64(len(cs)))
+	c := events.ReplicationConflict{Node: w.e.cfg.Node, Source: m.Node, Group: w.e.cfg.Group, Tree: w.t.Name, Count: int64(len(cs))}
+	for _, cf := range cs[:min(len(cs), events.MaxConflictsListed)] {
+		c.Files = append(c.Files, events.ConflictFile{Path: cf.Path, Reason: cf.Reason, PreservedAs: cf.PreservedAs})
+	}
+	w.log.Warn("local changes preserved before replication replaced them", "count", c.Count)
+	w.e.emit(ctx, c, events.WithEpoch(m.Epoch))
+}
+
+// applyProgress applies the holder's progress manifest of the current
+// epoch if it is newer than floor (the generation of the holder's full
+// manifest: a progress manifest left from an earlier pass is older than
+// it and never applied). Nothing is deleted and nothing is confirmed: only
+// the full manifest earns a confirmation.
+func (w *worker) applyProgress(ctx context.Context, floor uint64) {
+	if w.t.isAstDB() {
+		return
+	}
+	r := w.role
+	p, err := w.e.store.GetManifest(ctx, store.ProgressName(w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, r.Holder))
+	if err != nil {
+		if !errors.Is(err, store.ErrNoManifest) && ctx.Err() == nil {
+			w.log.Debug("reading the holder's progress manifest failed", "err", err)
+		}
+		return
+	}
+	if p.Node != r.Holder || p.Epoch != r.Epoch || p.Generation <= floor || p.Generation <= w.progressGen {
+		return
+	}
+	w.progressGen = p.Generation
+	start := time.Now()
+	res, err := fstree.Apply(ctx, w.sc, p.Entries, fstree.ApplyOptions{
+		Exclude: w.t.Exclude, Fetch: w.e.store.Get, Known: w.known,
+		ConflictDir:    filepath.Join(w.e.cfg.StateDir, "conflicts", w.e.cfg.Group, w.t.Name),
+		MaxDeleteShare: w.e.cfg.MaxDeleteShare, AllowDeletes: w.e.cfg.AllowDeletes,
+		Owner: w.e.cfg.Owner, Workers: w.e.cfg.Workers, Now: start, Partial: true,
+	})
+	if ctx.Err() != nil {
+		return
+	}
+	w.reportConflicts(ctx, p, res.Conflicts)
+	outcome := "progress"
+	if err != nil {
+		outcome = "progress_error"
+	}
+	w.e.m.passes.WithLabelValues(w.t.Name, "target", outcome).Inc()
+	w.e.m.files.WithLabelValues(w.t.Name, "target").Add(float64(res.Files))
+	w.e.m.bytes.WithLabelValues(w.t.Name, "target").Add(float64(res.Bytes))
+	w.progressDone.Files += res.Files
+	w.progressDone.Bytes += res.Bytes
+	if err == nil {
+		// What replication put here is replication's, not a local change.
+		if w.known == nil {
+			w.known = map[string]string{}
+		}
+		for _, e := range p.Entries {
+			if e.Kind != fstree.KindDir {
+				w.known[e.Path] = fstree.ContentKey(e)
+			}
+		}
+	}
+	w.log.Debug("progress applied", "generation", p.Generation, "files", res.Files, "bytes", res.Bytes,
+		"err", err, "ms", time.Since(start).Milliseconds())
 }
 
 func (w *worker) alarm(ctx context.Context, reason events.AlarmReason, msg string, deletes, files int64) {
