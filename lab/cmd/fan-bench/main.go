@@ -62,6 +62,7 @@ func run() error {
 	fall := flag.Int("fall", 3, "consecutive misses before acting, on both sides")
 	verbose := flag.Bool("v", false, "print every cycle")
 	flapFor := flag.Duration("flap", 5*time.Minute, "length of the flap scenario (primary's PBX toggling every 5 s); 0 skips it")
+	defaults := flag.Bool("fan-defaults", false, "run fan with its default settings (peer probes every 200 ms, beacons every 100 ms) instead of keepalived's budget")
 	flag.Parse()
 	absBin, err := filepath.Abs(*bin)
 	if err != nil {
@@ -82,7 +83,7 @@ func run() error {
 	for _, system := range strings.Split(*systems, ",") {
 		results[system] = map[bench.Scenario][]bench.Cycle{}
 		for _, sc := range scenarios {
-			cs, err := measure(ctx, log, system, sc, absBin, *cycles, *advert, *fall, *verbose)
+			cs, err := measure(ctx, log, system, sc, absBin, *cycles, *advert, *fall, *verbose, *defaults)
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", system, sc, err)
 			}
@@ -176,7 +177,7 @@ func fanOptions(bin string, log *slog.Logger, advert float64, fall int) stack.Op
 
 // measure runs one system through one scenario on a fresh lab, so one
 // scenario's leftovers never bias the next.
-func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scenario, bin string, cycles int, advert float64, fall int, verbose bool) ([]bench.Cycle, error) {
+func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scenario, bin string, cycles int, advert float64, fall int, verbose, defaults bool) ([]bench.Cycle, error) {
 	l, err := netlab.Build(ctx, netlab.Spec{Logger: log})
 	if err != nil {
 		return nil, err
@@ -185,7 +186,11 @@ func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scen
 	var sys bench.System
 	switch system {
 	case "fan":
-		st, err := stack.Start(ctx, l, fanOptions(bin, log, advert, fall))
+		opts := fanOptions(bin, log, advert, fall)
+		if defaults {
+			opts = stack.Options{BinDir: bin, Log: log, MaxMovesPerHour: -1}
+		}
+		st, err := stack.Start(ctx, l, opts)
 		if st != nil {
 			defer st.Stop()
 		}
