@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/services/ipmover/internal/kamtest"
 )
 
 type lockedBuffer struct {
@@ -45,7 +47,7 @@ func testLog(t testing.TB, extra io.Writer) *slog.Logger {
 type lab struct {
 	proxyPort int
 	listFile  string
-	proxy     *events
+	proxy     *kamtest.Events
 	client    *Client
 }
 
@@ -53,11 +55,11 @@ type lab struct {
 // for it, and waits until its JSON-RPC answers.
 func startLab(t *testing.T, list string, log *slog.Logger) *lab {
 	t.Helper()
-	l := &lab{proxyPort: freePort(t), listFile: filepath.Join(t.TempDir(), "dispatcher.list")}
+	l := &lab{proxyPort: kamtest.FreePort(t), listFile: filepath.Join(t.TempDir(), "dispatcher.list")}
 	if err := os.WriteFile(l.listFile, []byte(list), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l.proxy = startKamailio(t, "proxy", proxyCfg(l.proxyPort, l.listFile))
+	l.proxy = kamtest.Start(t, "proxy", kamtest.ProxyConfig(l.proxyPort, l.listFile))
 	c, err := New(Config{URL: fmt.Sprintf("http://127.0.0.1:%d/RPC", l.proxyPort), ListFile: l.listFile,
 		Timeout: 2 * time.Second}, log)
 	if err != nil {
@@ -98,27 +100,27 @@ func flagsOf(t *testing.T, c *Client, uri string) string {
 // and A stays disabled through probing cycles although it answers OPTIONS;
 // after Sync sets A back to ap, calls reach A again.
 func TestSyncSteersCalls(t *testing.T) {
-	need(t, "kamailio", "sipp")
+	kamtest.Need(t, "kamailio", "sipp")
 	portA, portB := freeUDPPortDistinct(t)
-	uasA := startKamailio(t, "uas-a", uasCfg("a", portA))
-	uasB := startKamailio(t, "uas-b", uasCfg("b", portB))
+	uasA := kamtest.Start(t, "uas-a", kamtest.UASConfig("a", portA))
+	uasB := kamtest.Start(t, "uas-b", kamtest.UASConfig("b", portB))
 	uriA, uriB := fmt.Sprintf("sip:127.0.0.1:%d", portA), fmt.Sprintf("sip:127.0.0.1:%d", portB)
 	l := startLab(t, fmt.Sprintf("1 %s 8 0 duid=a\n1 %s 8 0 duid=b\n", uriA, uriB), testLog(t, nil))
 	ctx := t.Context()
 
 	// Probing reaching both UASes means all three Kamailios are up.
-	uasA.waitFor(t, 10*time.Second, "OPTIONS probe at a", func() bool { return uasA.count("OPTIONS a") > 0 })
-	uasB.waitFor(t, 10*time.Second, "OPTIONS probe at b", func() bool { return uasB.count("OPTIONS b") > 0 })
+	uasA.WaitFor(t, 10*time.Second, "OPTIONS probe at a", func() bool { return uasA.Count("OPTIONS a") > 0 })
+	uasB.WaitFor(t, 10*time.Second, "OPTIONS probe at b", func() bool { return uasB.Count("OPTIONS b") > 0 })
 
 	changes, err := l.client.Sync(ctx, map[string]State{uriA: Active, uriB: Active})
 	if err != nil || len(changes) != 0 {
 		t.Fatalf("sync of an already active pair: changes %+v, err %v; want none", changes, err)
 	}
-	a0, b0 := uasA.count("INVITE a"), uasB.count("INVITE b")
-	if err := sipp(ctx, t, l.proxyPort, 10, 100); err != nil {
+	a0, b0 := uasA.Count("INVITE a"), uasB.Count("INVITE b")
+	if err := kamtest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	a1, b1 := uasA.count("INVITE a"), uasB.count("INVITE b")
+	a1, b1 := uasA.Count("INVITE a"), uasB.Count("INVITE b")
 	if a1-a0 == 0 || b1-b0 == 0 || a1-a0+b1-b0 != 10 {
 		t.Fatalf("both active: a got %d, b got %d of 10 calls; want both > 0", a1-a0, b1-b0)
 	}
@@ -127,9 +129,9 @@ func TestSyncSteersCalls(t *testing.T) {
 	// t.Context is cancelled before cleanups run, so a failing test kills
 	// this background SIPp; the cleanup waits until it is gone.
 	load, loadDone := make(chan error, 1), make(chan struct{})
-	go func() { load <- sipp(ctx, t, l.proxyPort, 200, 100); close(loadDone) }()
+	go func() { load <- kamtest.SIPp(ctx, t, l.proxyPort, 200, 100); close(loadDone) }()
 	t.Cleanup(func() { <-loadDone })
-	uasA.waitFor(t, 10*time.Second, "calls at a under load", func() bool { return uasA.count("INVITE a") >= a1+10 })
+	uasA.WaitFor(t, 10*time.Second, "calls at a under load", func() bool { return uasA.Count("INVITE a") >= a1+10 })
 	tSet := time.Now()
 	changes, err = l.client.Sync(ctx, map[string]State{uriA: Disabled, uriB: Active})
 	tDone := time.Now()
@@ -139,7 +141,7 @@ func TestSyncSteersCalls(t *testing.T) {
 	if err := <-load; err != nil {
 		t.Fatal(err)
 	}
-	invA := uasA.times("INVITE a")
+	invA := uasA.Times("INVITE a")
 	var after int
 	for _, at := range invA {
 		if at.After(tDone) {
@@ -150,16 +152,16 @@ func TestSyncSteersCalls(t *testing.T) {
 		tDone.Sub(tSet), invA[len(invA)-1].Sub(tSet), after)
 
 	// Two more probe rounds at B prove probing ran while A stayed disabled.
-	pb := uasB.count("OPTIONS b")
-	uasB.waitFor(t, 10*time.Second, "two probe rounds", func() bool { return uasB.count("OPTIONS b") >= pb+2 })
+	pb := uasB.Count("OPTIONS b")
+	uasB.WaitFor(t, 10*time.Second, "two probe rounds", func() bool { return uasB.Count("OPTIONS b") >= pb+2 })
 	if f := flagsOf(t, l.client, uriA); f != "DX" {
 		t.Fatalf("a after probing rounds: flags %s, want DX (d must stick)", f)
 	}
-	a2, b2 := uasA.count("INVITE a"), uasB.count("INVITE b")
-	if err := sipp(ctx, t, l.proxyPort, 10, 100); err != nil {
+	a2, b2 := uasA.Count("INVITE a"), uasB.Count("INVITE b")
+	if err := kamtest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	if a, b := uasA.count("INVITE a")-a2, uasB.count("INVITE b")-b2; a != 0 || b != 10 {
+	if a, b := uasA.Count("INVITE a")-a2, uasB.Count("INVITE b")-b2; a != 0 || b != 10 {
 		t.Fatalf("a disabled: a got %d, b got %d of 10 calls; want 0 and 10", a, b)
 	}
 
@@ -170,11 +172,11 @@ func TestSyncSteersCalls(t *testing.T) {
 	if f := flagsOf(t, l.client, uriA); f != "AP" {
 		t.Fatalf("a after re-enable: flags %s, want AP", f)
 	}
-	a3 := uasA.count("INVITE a")
-	if err := sipp(ctx, t, l.proxyPort, 10, 100); err != nil {
+	a3 := uasA.Count("INVITE a")
+	if err := kamtest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
 		t.Fatal(err)
 	}
-	if uasA.count("INVITE a") == a3 {
+	if uasA.Count("INVITE a") == a3 {
 		t.Fatal("a re-enabled but received none of 10 calls")
 	}
 
@@ -188,9 +190,9 @@ func TestSyncSteersCalls(t *testing.T) {
 }
 
 func freeUDPPortDistinct(t *testing.T) (int, int) {
-	a := freeUDPPort(t)
+	a := kamtest.FreeUDPPort(t)
 	for {
-		if b := freeUDPPort(t); b != a {
+		if b := kamtest.FreeUDPPort(t); b != a {
 			return a, b
 		}
 	}
@@ -200,10 +202,10 @@ func freeUDPPortDistinct(t *testing.T) (int, int) {
 // keeps a disabled node disabled across the reload, respects Kamailio's own
 // verdict on a dead node, and waits out reload_delta.
 func TestApplyList(t *testing.T) {
-	need(t, "kamailio")
+	kamtest.Need(t, "kamailio")
 	logs := &lockedBuffer{}
 	// Nothing listens on these ports: Kamailio probes both down.
-	uriA, uriB := fmt.Sprintf("sip:127.0.0.1:%d", freeUDPPort(t)), fmt.Sprintf("sip:127.0.0.1:%d", freeUDPPort(t))
+	uriA, uriB := fmt.Sprintf("sip:127.0.0.1:%d", kamtest.FreeUDPPort(t)), fmt.Sprintf("sip:127.0.0.1:%d", kamtest.FreeUDPPort(t))
 	l := startLab(t, fmt.Sprintf("1 %s 8 0 weight=50\n1 %s 8 0 weight=50\n", uriA, uriB), testLog(t, logs))
 	ctx := t.Context()
 
