@@ -87,7 +87,7 @@ chaos: build
 
 # Debian packages: Kamailio (the SIP server answering on the floating IP in
 # the lab), SIPp, iproute2 for namespaces.
-DEB_PACKAGES := kamailio sip-tester iproute2 procps bind9 bind9-utils keepalived ca-certificates git make
+DEB_PACKAGES := kamailio sip-tester iproute2 iptables procps bind9 bind9-utils keepalived rsync ca-certificates git make
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
