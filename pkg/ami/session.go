@@ -127,7 +127,7 @@ func (s *Session) client(ctx context.Context) (*Client, error) {
 		}
 		s.failures++
 		s.lastErr = err
-		s.nextDial = time.Now().Add(backoff(s.failures))
+		s.nextDial = time.Now().Add(Backoff(s.failures))
 		s.log.Warn("ami dial failed", "addr", s.cfg.Addr, "attempt", s.failures, "class", Classify(err), "err", err)
 		if errors.Is(err, ErrAuth) || ctx.Err() != nil {
 			return nil, err
@@ -135,9 +135,12 @@ func (s *Session) client(ctx context.Context) (*Client, error) {
 	}
 }
 
-// backoff doubles from redialMin to redialMax with ±20 % jitter, so several
-// probers do not redial a restarted PBX in lockstep.
-func backoff(failures int) time.Duration {
+// Backoff is the wait before redial number failures (from 1): it doubles
+// from 50 ms to 2 s with ±20 % jitter — quick enough to find a restarted
+// Asterisk within a probe or two, slow enough not to hammer one that refuses
+// us (a wrong secret costs Asterisk a one-second sleep), and jittered so
+// several probers do not redial a restarted PBX in lockstep.
+func Backoff(failures int) time.Duration {
 	d := redialMax
 	if failures < 16 {
 		d = min(redialMin<<(failures-1), redialMax)

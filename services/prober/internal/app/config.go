@@ -144,23 +144,8 @@ func (c *Config) Validate() error {
 		if !knownKinds[ch.Kind] {
 			return config.Errf(key("kind"), "unknown kind %q", ch.Kind)
 		}
-		if ch.Role == "" {
-			ch.Role = events.RoleSelf
-		}
-		switch ch.Role {
-		case events.RoleSelf:
-			if ch.TargetNode == "" {
-				ch.TargetNode = c.Node
-			}
-		case events.RolePeer, events.RoleVIP:
-			if ch.TargetNode == "" {
-				return config.Errf(key("target_node"), "required for role %s", ch.Role)
-			}
-		default:
-			return config.Errf(key("role"), "unknown role %q (self, peer or vip)", ch.Role)
-		}
-		if err := events.ValidToken("target_node", ch.TargetNode); err != nil {
-			return &config.FieldError{Key: key("target_node"), Err: err}
+		if err := c.resolveTarget(&ch.Role, &ch.TargetNode, key); err != nil {
+			return err
 		}
 		for k, ok := range ch.kindKeys() {
 			if !ok {
@@ -221,23 +206,8 @@ func (c *Config) validateGroups(checks map[string]bool) error {
 		if g.MinUp < 1 || g.MinUp > len(g.Checks) {
 			return config.Errf(key("min_up"), "must be between 1 and the number of checks (%d), got %d", len(g.Checks), g.MinUp)
 		}
-		if g.Role == "" {
-			g.Role = events.RoleSelf
-		}
-		switch g.Role {
-		case events.RoleSelf:
-			if g.TargetNode == "" {
-				g.TargetNode = c.Node
-			}
-		case events.RolePeer, events.RoleVIP:
-			if g.TargetNode == "" {
-				return config.Errf(key("target_node"), "required for role %s", g.Role)
-			}
-		default:
-			return config.Errf(key("role"), "unknown role %q (self, peer or vip)", g.Role)
-		}
-		if err := events.ValidToken("target_node", g.TargetNode); err != nil {
-			return &config.FieldError{Key: key("target_node"), Err: err}
+		if err := c.resolveTarget(&g.Role, &g.TargetNode, key); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -351,6 +321,30 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		if ch.Address != "" {
 			return config.Errf(key("address"), "does not apply to kind exec (the command is the target)")
 		}
+	}
+	return nil
+}
+
+// resolveTarget defaults a check's or group's role to self (aimed at this
+// node) and requires a target node for the peer and vip roles.
+func (c *Config) resolveTarget(role *events.Role, target *string, key func(string) string) error {
+	if *role == "" {
+		*role = events.RoleSelf
+	}
+	switch *role {
+	case events.RoleSelf:
+		if *target == "" {
+			*target = c.Node
+		}
+	case events.RolePeer, events.RoleVIP:
+		if *target == "" {
+			return config.Errf(key("target_node"), "required for role %s", *role)
+		}
+	default:
+		return config.Errf(key("role"), "unknown role %q (self, peer or vip)", *role)
+	}
+	if err := events.ValidToken("target_node", *target); err != nil {
+		return &config.FieldError{Key: key("target_node"), Err: err}
 	}
 	return nil
 }

@@ -5,19 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/ami"
-)
-
-// Redial backoff after a failed login or a lost connection: quick enough to
-// find a restarted Asterisk within a probe or two, slow enough not to hammer
-// one that refuses us (a wrong secret costs Asterisk a one-second sleep).
-const (
-	amiRedialMin = 50 * time.Millisecond
-	amiRedialMax = 2 * time.Second
 )
 
 // coreStatusEvery is how stale the CoreStatus figures may get. CoreStatus is
@@ -205,7 +196,7 @@ func (a *AMI) dial(done chan struct{}) {
 	if err != nil {
 		a.failures++
 		a.lastErr = err
-		a.nextDial = time.Now().Add(amiBackoff(a.failures))
+		a.nextDial = time.Now().Add(ami.Backoff(a.failures))
 		if !errors.Is(err, ami.ErrClosed) || !a.closed {
 			a.log.Warn("ami login failed", "addr", a.cfg.Addr, "attempt", a.failures, "class", ami.Classify(err), "err", err)
 		}
@@ -215,16 +206,6 @@ func (a *AMI) dial(done chan struct{}) {
 		a.log.Info("ami logged in again", "addr", a.cfg.Addr, "failed_attempts", a.failures)
 	}
 	a.cur, a.failures, a.lastErr, a.nextDial = c, 0, nil, time.Time{}
-}
-
-// amiBackoff doubles from amiRedialMin to amiRedialMax with ±20 % jitter, so
-// several probers do not log in to a restarted PBX in lockstep.
-func amiBackoff(failures int) time.Duration {
-	d := amiRedialMax
-	if failures < 16 {
-		d = min(amiRedialMin<<(failures-1), amiRedialMax)
-	}
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
 // Connected reports whether the check holds a logged-in connection now.
