@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -101,9 +102,54 @@ func (p *proc) exited() bool {
 // kernel still accepts TCP connections, nothing answers).
 func (p *proc) signal(t *testing.T, sig syscall.Signal) {
 	t.Helper()
-	if err := syscall.Kill(-p.cmd.Process.Pid, sig); err != nil {
+	pgid := p.cmd.Process.Pid
+	if err := syscall.Kill(-pgid, sig); err != nil {
 		t.Fatal(err)
 	}
+	// kill returns before the stop takes effect: on a busy machine the
+	// server could still answer one more probe. Wait until every thread of
+	// the group is stopped (or running again, for SIGCONT).
+	if sig != syscall.SIGSTOP && sig != syscall.SIGCONT {
+		return
+	}
+	want := sig == syscall.SIGSTOP
+	deadline := time.Now().Add(5 * time.Second)
+	for groupStopped(pgid) != want {
+		if time.Now().After(deadline) {
+			t.Fatalf("process group %d: stopped=%v not reached", pgid, want)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// groupStopped reports whether every thread of every process in the group
+// is stopped (or already dead: a zombie answers nothing either).
+func groupStopped(pgid int) bool {
+	procs, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, statPath := range procs {
+		b, err := os.ReadFile(statPath)
+		if err != nil {
+			continue
+		}
+		// Fields after the command name "(...)": state, ppid, pgrp.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+2:])
+		f := strings.Fields(rest)
+		if len(f) < 3 || f[2] != strconv.Itoa(pgid) {
+			continue
+		}
+		tasks, _ := filepath.Glob(filepath.Join(filepath.Dir(statPath), "task", "*", "stat"))
+		for _, tp := range tasks {
+			tb, err := os.ReadFile(tp)
+			if err != nil {
+				continue
+			}
+			tf := strings.Fields(string(tb[strings.LastIndexByte(string(tb), ')')+2:]))
+			if len(tf) == 0 || !strings.Contains("TtZX", tf[0]) {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func need(t *testing.T, bin string) {
