@@ -3,6 +3,7 @@ package bus
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -44,30 +45,56 @@ func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error 
 	if err != nil {
 		return err
 	}
+	var g gate
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		env, p, err := events.Decode(m.Data())
-		if err != nil {
-			b.log.Warn("skipping undecodable event", "subject", m.Subject(), "err", err)
-			return
-		}
-		var seq uint64
-		if md, err := m.Metadata(); err == nil {
-			seq = md.Sequence.Stream
-		}
-		fn(env, p, seq)
+		g.run(func() {
+			env, p, err := events.Decode(m.Data())
+			if err != nil {
+				b.log.Warn("skipping undecodable event", "subject", m.Subject(), "err", err)
+				return
+			}
+			var seq uint64
+			if md, err := m.Metadata(); err == nil {
+				seq = md.Sequence.Stream
+			}
+			fn(env, p, seq)
+		})
 	})
 	if err != nil {
 		return fmt.Errorf("watch events: %w", err)
 	}
 	<-ctx.Done()
 	stopAndWait(cc)
+	g.close()
 	return nil
 }
 
-// stopAndWait stops a consumer and waits until its handler has returned for
-// the last time, so that a caller may read what the handler wrote as soon as
-// Watch or ConsumeCommands returns. The wait is bounded: a handler stuck on
-// something outside the bus must not hang shutdown.
+// gate lets handler calls run, one at a time, until close; once close
+// returns no call is running and none will start. A consumer's own Stop
+// does not promise that (an ordered consumer can still be inside its
+// callback), and callers read what their handler wrote as soon as Watch or
+// ConsumeCommands returns.
+type gate struct {
+	mu     sync.Mutex
+	closed bool
+}
+
+func (g *gate) run(f func()) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.closed {
+		f()
+	}
+}
+
+func (g *gate) close() {
+	g.mu.Lock()
+	g.closed = true
+	g.mu.Unlock()
+}
+
+// stopAndWait stops a consumer and waits, bounded, for it to report that
+// consuming has ended.
 func stopAndWait(cc jetstream.ConsumeContext) {
 	cc.Stop()
 	select {
@@ -88,30 +115,36 @@ func (b *Bus) ConsumeCommands(ctx context.Context, node string, h CommandHandler
 	if err != nil {
 		return err
 	}
+	var g gate
 	cc, err := c.Consume(func(m jetstream.Msg) {
-		env, p, err := events.Decode(m.Data())
-		if err != nil {
-			b.log.Error("refusing undecodable command", "subject", m.Subject(), "err", err)
-			_ = m.TermWithReason("undecodable: " + err.Error())
-			return
-		}
-		cmd, ok := p.(events.Command)
-		if !ok {
-			b.log.Error("refusing non-command on a command subject", "subject", m.Subject(), "type", env.Type)
-			_ = m.TermWithReason("not a command")
-			return
-		}
-		h(ctx, env, cmd)
-		ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		if err := m.DoubleAck(ackCtx); err != nil {
-			b.log.Warn("command ack failed; it may be redelivered", "event_id", env.ID, "err", err)
-		}
+		g.run(func() { b.handleCommand(ctx, m, h) })
 	})
 	if err != nil {
 		return fmt.Errorf("consume commands for %s: %w", node, err)
 	}
 	<-ctx.Done()
 	stopAndWait(cc)
+	g.close()
 	return nil
+}
+
+func (b *Bus) handleCommand(ctx context.Context, m jetstream.Msg, h CommandHandler) {
+	env, p, err := events.Decode(m.Data())
+	if err != nil {
+		b.log.Error("refusing undecodable command", "subject", m.Subject(), "err", err)
+		_ = m.TermWithReason("undecodable: " + err.Error())
+		return
+	}
+	cmd, ok := p.(events.Command)
+	if !ok {
+		b.log.Error("refusing non-command on a command subject", "subject", m.Subject(), "type", env.Type)
+		_ = m.TermWithReason("not a command")
+		return
+	}
+	h(ctx, env, cmd)
+	ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	if err := m.DoubleAck(ackCtx); err != nil {
+		b.log.Warn("command ack failed; it may be redelivered", "event_id", env.ID, "err", err)
+	}
 }
