@@ -167,7 +167,7 @@ func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.Clai
 	s.act.Lock()
 	s.quiet.Add(1)
 	s.setClaim(c.Group, prefixes, conflict.Claim{Group: c.Group, Epoch: env.Epoch, CommandID: env.ID})
-	err = s.loop.SetDesired(c.Group, c.Addresses, true)
+	err = s.loop.SetDesiredFor(c.Group, c.Addresses, true)
 	var changes []reconcile.Change
 	if err == nil {
 		changes, err = s.loop.Apply(ctx)

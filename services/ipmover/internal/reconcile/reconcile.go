@@ -134,6 +134,25 @@ func New(addrs Addresses, ann Announcer, cfg Config) *Loop {
 // SetDesired does not touch the interface; it wakes Run. A caller on the
 // failover critical path calls Reconcile next to apply it at once.
 func (l *Loop) SetDesired(groupName string, prefixes []string, hold bool) error {
+	if err := l.setDesired(groupName, prefixes, hold); err != nil {
+		return err
+	}
+	select {
+	case l.kick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// SetDesiredFor is SetDesired for a caller that runs Apply itself right
+// after (a claim on the failover path): it does not wake Run, whose pass
+// would otherwise race Apply to add and announce the address and leave the
+// caller without the changes it reports timings from.
+func (l *Loop) SetDesiredFor(groupName string, prefixes []string, hold bool) error {
+	return l.setDesired(groupName, prefixes, hold)
+}
+
+func (l *Loop) setDesired(groupName string, prefixes []string, hold bool) error {
 	ps := make([]netip.Prefix, 0, len(prefixes))
 	for _, s := range prefixes {
 		p, err := netip.ParsePrefix(s)
@@ -152,10 +171,6 @@ func (l *Loop) SetDesired(groupName string, prefixes []string, hold bool) error 
 		}
 	}
 	l.mu.Unlock()
-	select {
-	case l.kick <- struct{}{}:
-	default:
-	}
 	return nil
 }
 
