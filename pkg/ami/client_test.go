@@ -633,14 +633,16 @@ func TestNoGoroutineLeaks(t *testing.T) {
 	if _, err := Dial(ctx, bad, nil); !errors.Is(err, ErrTimeout) {
 		t.Fatalf("frozen login: %v", err)
 	}
-	_ = p.SetMode(amipeer.ModeNormal)
-	p.DropSessions()
-	<-c2.Done()
-
+	// Close while the peer is still frozen: thawed, it would answer the
+	// held Ping before Close could end it.
 	_ = c1.Close()
 	if err := <-frozenAct; !errors.Is(err, ErrClosed) {
 		t.Errorf("pending action after Close: %v", err)
 	}
+	_ = p.SetMode(amipeer.ModeNormal)
+	p.DropSessions()
+	<-c2.Done()
+
 	_ = c2.Close()
 	_ = c3.Close()
 	_ = s.Close()
