@@ -16,6 +16,7 @@ import (
 // chaos suite: a needless outage and move).
 func TestRestartedArbiterKeepsAnAppliedClaim(t *testing.T) {
 	l := newLab(t, "n1", "n2")
+	l.claimTimeout = 6 * time.Second // valid through a slow shutdown of the leader
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	gate := make(chan struct{})
@@ -41,7 +42,7 @@ func TestRestartedArbiterKeepsAnAppliedClaim(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // the dead leader's lease expires
 
 	l.arbiter("ctlB")
-	time.Sleep(4 * time.Second) // longer than claim_timeout (3 s)
+	time.Sleep(l.claimTimeout + time.Second) // longer than the claim timeout
 	if h := l.holding(); len(h) != 1 || h[0] != "n1" {
 		t.Fatalf("holders %v after the restart, want n1 kept", h)
 	}
