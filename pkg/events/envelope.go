@@ -191,5 +191,8 @@ func (e Envelope) validateHeader() error {
 type Command interface {
 	Payload
 	Deadline() time.Time
+	// Target names the group the command is about and the node whose
+	// executor carries it out.
+	Target() (group, node string)
 	requiresEpoch()
 }

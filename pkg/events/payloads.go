@@ -291,6 +291,9 @@ func (ClaimIP) requiresEpoch()     {}
 
 // Deadline is when the command stops being valid; executors refuse it after.
 func (c ClaimIP) Deadline() time.Time { return c.NotAfter }
+
+// Target is the command's group and executing node.
+func (c ClaimIP) Target() (group, node string) { return c.Group, c.Node }
 func (c ClaimIP) subject(e Envelope) string {
 	return CommandSubject(e.Cluster, c.Node, VerbClaim)
 }
@@ -313,6 +316,9 @@ func (ReleaseIP) requiresEpoch()     {}
 
 // Deadline is when the command stops being valid; executors refuse it after.
 func (c ReleaseIP) Deadline() time.Time { return c.NotAfter }
+
+// Target is the command's group and executing node.
+func (c ReleaseIP) Target() (group, node string) { return c.Group, c.Node }
 func (c ReleaseIP) subject(e Envelope) string {
 	return CommandSubject(e.Cluster, c.Node, VerbRelease)
 }
@@ -368,6 +374,9 @@ func (AnswerPBX) requiresEpoch()     {}
 
 // Deadline is when the command stops being valid; executors refuse it after.
 func (c AnswerPBX) Deadline() time.Time { return c.NotAfter }
+
+// Target is the command's group and executing node.
+func (c AnswerPBX) Target() (group, node string) { return c.Group, c.Node }
 func (c AnswerPBX) subject(e Envelope) string {
 	return CommandSubject(e.Cluster, c.Node, VerbAnswer)
 }

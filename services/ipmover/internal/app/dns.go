@@ -113,18 +113,6 @@ func (s *Service) runDNS(ctx context.Context) error {
 	})
 }
 
-func commandNode(cmd events.Command) string {
-	switch c := cmd.(type) {
-	case *events.ClaimIP:
-		return c.Node
-	case *events.ReleaseIP:
-		return c.Node
-	case *events.AnswerPBX:
-		return c.Node
-	}
-	return ""
-}
-
 // handle applies one command at most once and always reports it.
 func (x *dnsExecutor) handle(ctx context.Context, env events.Envelope, cmd events.Command) {
 	x.mu.Lock()
@@ -134,7 +122,7 @@ func (x *dnsExecutor) handle(ctx context.Context, env events.Envelope, cmd event
 	at := func(name string, t time.Time) {
 		steps = append(steps, events.Step{Name: name, At: t, ElapsedMS: float64(t.Sub(received).Microseconds()) / 1000})
 	}
-	node, group := commandNode(cmd), commandGroup(cmd)
+	group, node := cmd.Target()
 	log := x.log.With("event_id", env.ID, "type", env.Type, "epoch", env.Epoch, "group", group, "site", node)
 
 	outcome, applyErr := events.OutcomeApplied, error(nil)

@@ -53,7 +53,7 @@ func (s *Service) handle(ctx context.Context, env events.Envelope, cmd events.Co
 	received := time.Now()
 	tl := &timeline{received: received, m: s.m}
 	tl.steps = []events.Step{{Name: StepReceived, At: received}}
-	group := commandGroup(cmd)
+	group, _ := cmd.Target()
 	log := s.log.With("event_id", env.ID, "type", env.Type, "epoch", env.Epoch, "group", group)
 
 	outcome, applyErr := events.OutcomeApplied, error(nil)
@@ -552,16 +552,4 @@ func (s *Service) groupStatuses(ctx context.Context) ([]events.GroupStatus, erro
 		out = append(out, g)
 	}
 	return out, nil
-}
-
-func commandGroup(cmd events.Command) string {
-	switch c := cmd.(type) {
-	case *events.ClaimIP:
-		return c.Group
-	case *events.ReleaseIP:
-		return c.Group
-	case *events.AnswerPBX:
-		return c.Group
-	}
-	return ""
 }
