@@ -204,35 +204,97 @@ func (s *Service) Run(ctx context.Context) error {
 // leadership switches the core. A new leader first restores what the
 // previous one persisted, so it continues from the same holder and claim.
 func (s *Service) leadership(ctx context.Context, ch lease.Change) {
+	var restored decide.State
 	if ch.Leading {
-		if err := s.restore(ctx); err != nil {
+		st, err := s.restore(ctx)
+		if err != nil {
 			// Without the previous state this replica could command a
 			// second holder: keep following until the next attempt.
 			s.log.Error("cannot restore arbiter state; not commanding", "err", err)
 			return
 		}
+		restored = st
 	}
 	if err := s.core.SetLeadership(ch.Epoch, ch.Leading); err != nil {
 		s.log.Error("leadership change refused by the core", "epoch", ch.Epoch, "err", err)
 		return
 	}
 	s.log.Info("leadership", "leading", ch.Leading, "epoch", ch.Epoch)
+	if ch.Leading {
+		s.reissueUnsentClaims(ctx, restored)
+	}
 }
 
-func (s *Service) restore(ctx context.Context) error {
+func (s *Service) restore(ctx context.Context) (decide.State, error) {
+	var st decide.State
 	e, err := s.kv.Get(ctx, events.ArbiterStateKey(s.cfg.Cluster))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return nil
+		return st, nil
 	}
 	if err != nil {
-		return fmt.Errorf("read arbiter state: %w", err)
+		return st, fmt.Errorf("read arbiter state: %w", err)
 	}
-	var st decide.State
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
-		return fmt.Errorf("decode arbiter state: %w", err)
+		return st, fmt.Errorf("decode arbiter state: %w", err)
 	}
 	s.replayClaimResults(ctx, st)
-	return s.core.Restore(st)
+	return st, s.core.Restore(st)
+}
+
+// reissueUnsentClaims looks for each restored outstanding claim in the
+// command stream. The previous leader persists before it publishes, so a
+// claim it recorded may never have been sent; and since this replica's
+// lease is now the last word on the lease subject, the server's fence
+// refuses anything the previous leader might still try. A claim that is
+// not in the stream now never will be: the core issues the move again
+// instead of waiting out the claim timeout with nobody holding. When the
+// stream cannot be read the claim is left to the timeout, which is slow
+// but safe.
+func (s *Service) reissueUnsentClaims(ctx context.Context, st decide.State) {
+	for _, g := range st.Groups {
+		cl := g.Claim
+		if cl == nil || !time.Now().Before(cl.Deadline) {
+			continue
+		}
+		sent, err := s.claimInStream(ctx, *cl)
+		if err != nil {
+			s.log.Warn("restore: cannot tell whether the outstanding claim was sent; waiting for its deadline",
+				"group", g.Name, "node", cl.Node, "command_id", cl.CommandID, "err", err)
+			continue
+		}
+		if sent {
+			continue
+		}
+		s.log.Warn("restore: the previous leader's claim never reached the bus; issuing the move again",
+			"group", g.Name, "node", cl.Node, "command_id", cl.CommandID)
+		s.execute(ctx, s.core.ClaimUnsent(time.Now(), cl.CommandID))
+	}
+}
+
+// claimInStream reports whether the claim is stored in the command stream.
+// Commands leave the stream at their deadline (message TTL), so only the
+// few live claims for that node are walked.
+func (s *Service) claimInStream(ctx context.Context, cl decide.Claim) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	defer cancel()
+	st, err := s.bus.JS.Stream(ctx, bus.CommandsStream)
+	if err != nil {
+		return false, fmt.Errorf("open the command stream: %w", err)
+	}
+	subject := events.CommandSubject(s.cfg.Cluster, cl.Node, events.VerbClaim)
+	for seq := uint64(1); ; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return false, nil
+		}
+		if err != nil {
+			return false, fmt.Errorf("read claims on %s from sequence %d: %w", subject, seq, err)
+		}
+		if m.Header.Get(jetstream.MsgIDHeader) == cl.CommandID {
+			return true, nil
+		}
+		seq = m.Sequence + 1
+	}
 }
 
 // replayClaimResults feeds the core, still following, the results already

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -64,7 +66,7 @@ func (l *lab) cfg(node string) Config {
 // arbiter starts one replica; the returned function kills it (its lease
 // is not released: the server expires it, as after a crash).
 func (l *lab) arbiter(node string) context.CancelFunc {
-	svc, err := New(l.cfg(node), slog.New(slog.DiscardHandler), "test")
+	svc, err := New(l.cfg(node), testLogger(node), "test")
 	if err != nil {
 		l.t.Fatal(err)
 	}
@@ -125,6 +127,9 @@ func (l *lab) executor(ctx context.Context, node string) {
 				}
 			}
 			outcome, why := l.apply(node, env, cmd)
+			if os.Getenv("FAN_TEST_LOG") != "" {
+				fmt.Fprintf(os.Stderr, "EXEC %s node=%s type=%s epoch=%d src=%s outcome=%s why=%s\n", time.Now().Format("15:04:05.000"), node, env.Type, env.Epoch, env.Source.Node, outcome, why)
+			}
 			r := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: node, Group: "pbx", Outcome: outcome, Error: why}
 			_, _ = b.Emit(ctx, r, events.CausedBy(env))
 		})
@@ -265,12 +270,25 @@ func TestLeaderLostMidFailover(t *testing.T) {
 		t.Fatalf("two holders at once %d times", dual)
 	}
 	epochs := map[string]uint64{}
+	// The leader may die after its claim to n2 was stored or before:
+	// the successor waits for a stored claim and reissues only a lost one.
+	var deadLeadersClaim bool
+	var reissues int
 	for _, env := range l.trail(ctx) {
 		if env.Type == events.TypeArbiterDecision && env.Source.Node != "" {
 			if e, ok := epochs[env.Source.Node]; !ok || env.Epoch > e {
 				epochs[env.Source.Node] = env.Epoch
 			}
+			if strings.Contains(string(env.Data), "never reached the bus") {
+				reissues++
+			}
 		}
+		if env.Type == events.TypeClaimIP && env.Source.Node == "ctlA" && strings.Contains(string(env.Data), `"node":"n2"`) {
+			deadLeadersClaim = true
+		}
+	}
+	if want := map[bool]int{true: 0, false: 1}[deadLeadersClaim]; reissues != want {
+		t.Fatalf("dead leader's claim stored: %v; reissued %d times, want %d", deadLeadersClaim, reissues, want)
 	}
 	if epochs["ctlB"] != 0 && epochs["ctlB"] <= epochs["ctlA"] {
 		t.Fatalf("successor's epoch %d not above %d", epochs["ctlB"], epochs["ctlA"])
@@ -411,4 +429,11 @@ func TestOperatorRequestReply(t *testing.T) {
 	if a.Operator != "alice@ops1" || !a.Accepted || a.Reason != "patching n1" {
 		t.Fatalf("action record %+v", a)
 	}
+}
+
+func testLogger(node string) *slog.Logger {
+	if os.Getenv("FAN_TEST_LOG") == "" {
+		return slog.New(slog.DiscardHandler)
+	}
+	return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug})).With("arb", node)
 }

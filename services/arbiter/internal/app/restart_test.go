@@ -2,11 +2,16 @@ package app
 
 import (
 	"context"
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/services/arbiter/internal/decide"
+	"github.com/google/uuid"
 )
 
 // TestRestartedArbiterKeepsAnAppliedClaim: the leader dies with a claim
@@ -60,4 +65,63 @@ func (l *lab) claimIssued(ctx context.Context, node string) bool {
 		}
 	}
 	return false
+}
+
+// TestSuccessorReissuesAClaimNeverSent: the leader persisted a failover and
+// died before its claim reached the bus (seen under load: the successor
+// waited out the claim timeout with nobody holding, then skipped n2). The
+// successor must find the claim absent from the command stream and claim
+// n2 again at once, long before the claim's deadline.
+func TestSuccessorReissuesAClaimNeverSent(t *testing.T) {
+	l := newLab(t, "n1", "n2", "n3")
+	l.claimTimeout = 10 * time.Second // the longest the lab's command TTL allows
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l.probers(ctx)
+	for _, n := range l.nodes {
+		l.executor(ctx, n)
+	}
+	stopA := l.arbiter("ctlA")
+	l.waitHolder("n1", 10*time.Second)
+	stopA()
+
+	// What ctlA would have persisted just before publishing "release n1,
+	// claim n2", had it not died first.
+	b := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "test", Node: "writer"})
+	kv, err := b.StateKV(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, events.ArbiterStateKey("lab"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st decide.State
+	if err := json.Unmarshal(e.Value(), &st); err != nil {
+		t.Fatal(err)
+	}
+	unsent := uuid.Must(uuid.NewV7()).String()
+	st.Groups[0].Holder = ""
+	st.Groups[0].Claim = &decide.Claim{CommandID: unsent, Node: "n2", Action: events.ActionFailover,
+		Deadline: time.Now().Add(l.claimTimeout), PreviousHolder: "n1", PreviousHolderFenced: true}
+	raw, _ := json.Marshal(st)
+	if _, err := kv.Put(ctx, events.ArbiterStateKey("lab"), raw); err != nil {
+		t.Fatal(err)
+	}
+	l.setPBX("n1", false)
+
+	start := time.Now()
+	l.arbiter("ctlB")
+	l.waitHolder("n2", 8*time.Second) // before the claim's deadline: not a timeout's retry
+	t.Logf("n2 holds %s after the successor started", time.Since(start).Round(time.Millisecond))
+	var reissued bool
+	for _, env := range l.trail(ctx) {
+		if env.Type == events.TypeArbiterDecision && env.CausationID == unsent &&
+			strings.Contains(string(env.Data), "never reached the bus") {
+			reissued = true
+		}
+	}
+	if !reissued {
+		t.Fatal("no decision cites the unsent claim as never sent")
+	}
 }
