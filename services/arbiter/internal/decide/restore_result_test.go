@@ -45,13 +45,13 @@ func TestSuccessorKeepsAClaimConfirmedDuringTheHandover(t *testing.T) {
 // in every other case it leaves the claim to the usual rules.
 func TestSuccessorReissuesAClaimThatNeverReachedTheBus(t *testing.T) {
 	cases := []struct {
-		name    string
-		setup   func(old *fx) // brings the old leader to an outstanding claim
-		after   func(f *fx)   // what changes while the leadership passes
-		id      func(claimID string) string
-		follow  bool
-		want    []string
-		holder  string // after the reissued claim is applied; "" when nothing is reissued
+		name   string
+		setup  func(old *fx) // brings the old leader to an outstanding claim
+		after  func(f *fx)   // what changes while the leadership passes
+		id     func(claimID string) string
+		follow bool
+		want   []string
+		holder string // after the reissued claim is applied; "" when nothing is reissued
 	}{
 		{name: "failover", setup: func(old *fx) { old.setSelf("n1", down) },
 			want:   []string{"failover n1->n2", "release n1", "release n3", "claim n2 prev=n1 fenced"},
