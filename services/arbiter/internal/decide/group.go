@@ -472,8 +472,15 @@ func (c *Core) place(g *groupState, now time.Time, with func(...[]ref) []ref, ou
 			if n == to {
 				break
 			}
-			if c.presence(n).lastHB.IsZero() {
-				return // a preferred node may just not have spoken yet; Tick comes back
+			if c.isStandby(n) {
+				continue
+			}
+			// A preferred node may not have spoken yet, or spoken before its
+			// checks reached a verdict (a prober's first rise, a monitor's
+			// quorum): placing elsewhere now would cost a failback later.
+			// Tick comes back.
+			if o := c.selfObs(g, n); c.presence(n).lastHB.IsZero() || o == nil || o.health == events.HealthUnknown {
+				return
 			}
 		}
 	}

@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/miekg/dns"
+
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
@@ -60,9 +62,9 @@ func dnsRelease(site string) *events.ReleaseIP {
 
 func wantServed(t *testing.T, n *bindtest.Named, ip string) uint32 {
 	t.Helper()
-	got, serial := n.A(t, "sip.voip.test")
-	if !slices.Equal(got, []string{ip}) {
-		t.Fatalf("sip.voip.test A = %v, want [%s]", got, ip)
+	got, serial := n.Lookup(t, "sip.voip.test", dns.TypeA)
+	if want := []string{"30 " + ip}; !slices.Equal(got, want) {
+		t.Fatalf("sip.voip.test A = %q, want %q (ttl rdata)", got, want)
 	}
 	return serial
 }

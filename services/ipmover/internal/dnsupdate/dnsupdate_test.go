@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/fanpbx/fan/services/ipmover/internal/bindtest"
 )
 
 var (
@@ -59,13 +61,13 @@ func newUpdater(t testing.TB, cfg Config) *Updater {
 	return u
 }
 
-func wantRRs(t testing.TB, addr, name string, qtype uint16, want ...string) uint32 {
+func wantRRs(t testing.TB, n *bindtest.Named, name string, qtype uint16, want ...string) uint32 {
 	t.Helper()
-	got, serial := lookup(t, addr, name, qtype)
+	got, serial := n.Lookup(t, name, qtype)
 	slices.Sort(got)
 	slices.Sort(want)
 	if !slices.Equal(got, want) {
-		t.Fatalf("%s %s at %s = %q, want %q", name, dns.TypeToString[qtype], addr, got, want)
+		t.Fatalf("%s %s at %s = %q, want %q", name, dns.TypeToString[qtype], n.Addr, got, want)
 	}
 	return serial
 }
@@ -74,8 +76,8 @@ func wantRRs(t testing.TB, addr, name string, qtype uint16, want ...string) uint
 // B, authoritatively, at a newer serial; the same move again reports stale but
 // already applied; failback returns to A.
 func TestSwapAndFailback(t *testing.T) {
-	n := startNamed(t, namedOpts{})
-	u := newUpdater(t, testConfig(n.addr, n.secret, "A", "aaaa", "SRV"))
+	n := startNamed(t)
+	u := newUpdater(t, testConfig(n.Addr, n.Secret, "A", "aaaa", "SRV"))
 	ctx := t.Context()
 
 	res, err := u.Swap(ctx, Spec{From: "a", To: "b"})
@@ -86,10 +88,10 @@ func TestSwapAndFailback(t *testing.T) {
 		!serialAfter(res.Servers[0].Serial, 1) || !res.Servers[0].Values.Equal(siteB) {
 		t.Fatalf("swap a->b result: %+v", res)
 	}
-	t.Logf("a->b: update rtt %v, update->verified %v on %s", res.UpdateRTT, res.Servers[0].Elapsed, n.addr)
-	wantRRs(t, n.addr, "sip.voip.test.", dns.TypeA, "30 203.0.113.20")
-	wantRRs(t, n.addr, "sip.voip.test.", dns.TypeAAAA, "30 2001:db8::20")
-	serial := wantRRs(t, n.addr, "_sip._udp.voip.test.", dns.TypeSRV, "30 10 0 5060 pbx-b.voip.test.")
+	t.Logf("a->b: update rtt %v, update->verified %v on %s", res.UpdateRTT, res.Servers[0].Elapsed, n.Addr)
+	wantRRs(t, n, "sip.voip.test.", dns.TypeA, "30 203.0.113.20")
+	wantRRs(t, n, "sip.voip.test.", dns.TypeAAAA, "30 2001:db8::20")
+	serial := wantRRs(t, n, "_sip._udp.voip.test.", dns.TypeSRV, "30 10 0 5060 pbx-b.voip.test.")
 	if serial != 2 {
 		t.Fatalf("serial after one swap = %d, want 2 (one message, one bump)", serial)
 	}
@@ -108,9 +110,9 @@ func TestSwapAndFailback(t *testing.T) {
 		t.Fatalf("failback b->a: %v", err)
 	}
 	t.Logf("b->a: update rtt %v, update->verified %v", res.UpdateRTT, res.Servers[0].Elapsed)
-	wantRRs(t, n.addr, "sip.voip.test.", dns.TypeA, "30 192.0.2.10")
-	wantRRs(t, n.addr, "sip.voip.test.", dns.TypeAAAA, "30 2001:db8::10")
-	serial = wantRRs(t, n.addr, "_sip._udp.voip.test.", dns.TypeSRV, "30 10 0 5060 pbx-a.voip.test.")
+	wantRRs(t, n, "sip.voip.test.", dns.TypeA, "30 192.0.2.10")
+	wantRRs(t, n, "sip.voip.test.", dns.TypeAAAA, "30 2001:db8::10")
+	serial = wantRRs(t, n, "_sip._udp.voip.test.", dns.TypeSRV, "30 10 0 5060 pbx-a.voip.test.")
 	if serial != 3 {
 		t.Fatalf("serial after failback = %d, want 3", serial)
 	}
@@ -123,10 +125,9 @@ func TestSwapAndFailback(t *testing.T) {
 // Someone else moved the address: the swap must not overwrite it, and must
 // report what is there now.
 func TestSwapStale(t *testing.T) {
-	n := startNamed(t, namedOpts{})
-	rawUpdate(t, n, "sip.voip.test.", &dns.A{Hdr: dns.RR_Header{Name: "sip.voip.test.", Rrtype: dns.TypeA, Class: dns.ClassINET, Ttl: 30},
-		A: net.ParseIP("198.51.100.7")})
-	u := newUpdater(t, testConfig(n.addr, n.secret, "A"))
+	n := startNamed(t)
+	n.SetA(t, "sip.voip.test.", "198.51.100.7")
+	u := newUpdater(t, testConfig(n.Addr, n.Secret, "A"))
 
 	_, err := u.Swap(t.Context(), Spec{From: "a", To: "b"})
 	var se *StaleError
@@ -137,12 +138,12 @@ func TestSwapStale(t *testing.T) {
 	if se.AlreadyApplied || !se.Current.Equal(want) || se.Serial != 2 || se.ReadErr != nil {
 		t.Fatalf("stale error = %+v, want current %s at serial 2", se, want)
 	}
-	if serial := wantRRs(t, n.addr, "sip.voip.test.", dns.TypeA, "30 198.51.100.7"); serial != 2 {
+	if serial := wantRRs(t, n, "sip.voip.test.", dns.TypeA, "30 198.51.100.7"); serial != 2 {
 		t.Fatalf("serial = %d, want 2 (nothing written)", serial)
 	}
 
 	// A type that must be absent but exists is stale too (YXRRSET).
-	cfg := testConfig(n.addr, n.secret, "AAAA")
+	cfg := testConfig(n.Addr, n.Secret, "AAAA")
 	cfg.Sites = map[string]Values{"a": {}, "b": siteB}
 	_, err = newUpdater(t, cfg).Swap(t.Context(), Spec{From: "a", To: "b"})
 	if !errors.As(err, &se) || se.Rcode != "YXRRSET" || !se.Current.Equal(Values{AAAA: siteA.AAAA}) {
@@ -152,20 +153,20 @@ func TestSwapStale(t *testing.T) {
 
 // A wrong secret or an unknown key name is NOTAUTH, and nothing changes.
 func TestSwapWrongKey(t *testing.T) {
-	n := startNamed(t, namedOpts{})
+	n := startNamed(t)
 	for name, key := range map[string]Key{
-		"wrong secret": {Name: testKey, Secret: newSecret(t)},
-		"unknown name": {Name: "other-key.", Secret: n.secret},
-		"wrong algo":   {Name: testKey, Secret: n.secret, Algorithm: dns.HmacSHA512},
+		"wrong secret": {Name: bindtest.KeyName, Secret: unknownSecret},
+		"unknown name": {Name: "other-key.", Secret: n.Secret},
+		"wrong algo":   {Name: bindtest.KeyName, Secret: n.Secret, Algorithm: dns.HmacSHA512},
 	} {
 		t.Run(name, func(t *testing.T) {
-			cfg := testConfig(n.addr, n.secret, "A")
+			cfg := testConfig(n.Addr, n.Secret, "A")
 			cfg.Key = key
 			_, err := newUpdater(t, cfg).Swap(t.Context(), Spec{From: "a", To: "b"})
 			if !errors.Is(err, ErrNotAuth) {
 				t.Fatalf("swap with %s: err %v, want ErrNotAuth", name, err)
 			}
-			if serial := wantRRs(t, n.addr, "sip.voip.test.", dns.TypeA, "30 192.0.2.10"); serial != 1 {
+			if serial := wantRRs(t, n, "sip.voip.test.", dns.TypeA, "30 192.0.2.10"); serial != 1 {
 				t.Fatalf("serial = %d, want 1", serial)
 			}
 		})
@@ -174,8 +175,8 @@ func TestSwapWrongKey(t *testing.T) {
 
 // The key is valid but the policy does not cover this name.
 func TestSwapOutsidePolicy(t *testing.T) {
-	n := startNamed(t, namedOpts{})
-	cfg := testConfig(n.addr, n.secret, "A")
+	n := startNamed(t)
+	cfg := testConfig(n.Addr, n.Secret, "A")
 	cfg.Name = "other.voip.test."
 	cfg.Sites = map[string]Values{
 		"a": {A: []netip.Addr{netip.MustParseAddr("192.0.2.99")}},
@@ -185,7 +186,7 @@ func TestSwapOutsidePolicy(t *testing.T) {
 	if !errors.Is(err, ErrRefused) {
 		t.Fatalf("swap outside policy: err %v, want ErrRefused", err)
 	}
-	if serial := wantRRs(t, n.addr, "other.voip.test.", dns.TypeA, "30 192.0.2.99"); serial != 1 {
+	if serial := wantRRs(t, n, "other.voip.test.", dns.TypeA, "30 192.0.2.99"); serial != 1 {
 		t.Fatalf("serial = %d, want 1", serial)
 	}
 }
@@ -222,7 +223,7 @@ func TestSwapUnsignedReply(t *testing.T) {
 	t.Cleanup(func() { _ = srv.Shutdown() })
 	<-started
 
-	u := newUpdater(t, testConfig(l.Addr().String(), newSecret(t), "A"))
+	u := newUpdater(t, testConfig(l.Addr().String(), unknownSecret, "A"))
 	res, err := u.Swap(t.Context(), Spec{From: "a", To: "b"})
 	if !errors.Is(err, ErrUnsigned) {
 		t.Fatalf("unsigned NOERROR: err %v, want ErrUnsigned", err)
@@ -240,17 +241,11 @@ func TestSwapUnsignedReply(t *testing.T) {
 // With a secondary fed by NOTIFY/IXFR, verification waits for both; with a
 // server that never gets the change, the swap reports ErrUnverified, naming it.
 func TestSwapVerifiesEveryServer(t *testing.T) {
-	secPort, err := freePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	secAddr := net.JoinHostPort("127.0.0.1", itoa(secPort))
-	p := startNamed(t, namedOpts{notify: secAddr})
-	s := startNamedAt(t, secPort, namedOpts{secondaryOf: p.addr})
-	lagging := startNamed(t, namedOpts{}) // same zone, never updated
+	p, s := bindtest.StartWithSecondary(t, "voip.test", zoneFile, updatable...)
+	lagging := startNamed(t) // same zone, never updated
 
-	cfg := testConfig(p.addr, p.secret, "A", "AAAA")
-	cfg.Servers = []string{p.addr, s.addr}
+	cfg := testConfig(p.Addr, p.Secret, "A", "AAAA")
+	cfg.Servers = []string{p.Addr, s.Addr}
 	res, err := newUpdater(t, cfg).Swap(t.Context(), Spec{From: "a", To: "b"})
 	if err != nil {
 		t.Fatalf("swap with secondary: %v", err)
@@ -261,9 +256,9 @@ func TestSwapVerifiesEveryServer(t *testing.T) {
 		}
 		t.Logf("update->verified on %s: %v", r.Server, r.Elapsed)
 	}
-	wantRRs(t, s.addr, "sip.voip.test.", dns.TypeAAAA, "30 2001:db8::20")
+	wantRRs(t, s, "sip.voip.test.", dns.TypeAAAA, "30 2001:db8::20")
 
-	cfg.Servers = []string{p.addr, lagging.addr}
+	cfg.Servers = []string{p.Addr, lagging.Addr}
 	cfg.VerifyTimeout = 300 * time.Millisecond
 	res, err = newUpdater(t, cfg).Swap(t.Context(), Spec{From: "b", To: "a"})
 	if !errors.Is(err, ErrUnverified) {
@@ -277,8 +272,8 @@ func TestSwapVerifiesEveryServer(t *testing.T) {
 
 // BenchmarkSwapVerified prints the update→verified time on one loopback BIND.
 func BenchmarkSwapVerified(b *testing.B) {
-	n := startNamed(b, namedOpts{})
-	u := newUpdater(b, testConfig(n.addr, n.secret, "A", "AAAA"))
+	n := startNamed(b)
+	u := newUpdater(b, testConfig(n.Addr, n.Secret, "A", "AAAA"))
 	spec := Spec{From: "a", To: "b"}
 	var total time.Duration
 	for b.Loop() {

@@ -243,6 +243,15 @@ func (e *Engine) currentRole() role {
 // confirmHolder reads the status afresh: a source publishes only while the
 // bucket still names it holder in the epoch it acts under.
 func (e *Engine) confirmHolder(ctx context.Context, epoch uint64) error {
+	return e.confirmTenure(ctx, e.cfg.Node, epoch)
+}
+
+// confirmTenure reads the status afresh and checks that it still names
+// holder in epoch. A target asks it before applying a manifest: right after
+// a failover the new holder's replicator may not have seen the new epoch
+// yet, and applying the old holder's last pass then would move aside the
+// first messages left on the new holder.
+func (e *Engine) confirmTenure(ctx context.Context, holder string, epoch uint64) error {
 	kv, err := e.bus.StateKV(ctx)
 	if err != nil {
 		return err
@@ -253,8 +262,8 @@ func (e *Engine) confirmHolder(ctx context.Context, epoch uint64) error {
 	}
 	e.setRole(kve.Value())
 	r := e.currentRole()
-	if r.Holder != e.cfg.Node || r.Epoch != epoch {
-		return fmt.Errorf("%w: holder %q epoch %d, acting under epoch %d", errNotHolder, r.Holder, r.Epoch, epoch)
+	if r.Holder != holder || r.Epoch != epoch {
+		return fmt.Errorf("%w: holder %q epoch %d, not %q in epoch %d", errNotHolder, r.Holder, r.Epoch, holder, epoch)
 	}
 	return nil
 }

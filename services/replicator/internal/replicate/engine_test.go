@@ -326,6 +326,18 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	// flows back to n1 before any failback, and n2 says so for peer n1.
 	mark = l.mark()
 	l.setHolder("n2", 2)
+	// Let n2 take the source role before anything is written there: this
+	// test is about direction. The moment before it does (a KV watch away)
+	// is what a target's fresh check of the source's tenure narrows.
+	l.eventually("n2 acts as the source in epoch 2", 10*time.Second, func() error {
+		if _, _, i := l.find(mark, func(env events.Envelope, p events.Payload) bool {
+			s, ok := p.(*events.ReplicationStatus)
+			return ok && s.Node == "n2" && env.Epoch == 2
+		}); i < 0 {
+			return fmt.Errorf("no status from n2 in epoch 2")
+		}
+		return nil
+	})
 	write(t, n2.root, "default/1000/INBOX/msg0700.wav", random(64<<10))
 	write(t, n2.root, "default/1000/INBOX/msg0700.txt", []byte("left on the standby"))
 	// n1, holder of the older epoch, writes too: it must never push.

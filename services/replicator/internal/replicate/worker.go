@@ -556,6 +556,15 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 		w.applyProgress(ctx, m.Generation)
 		return true
 	}
+	if err := w.e.confirmTenure(ctx, m.Node, m.Epoch); err != nil {
+		if errors.Is(err, errNotHolder) {
+			return true // the direction changed under us: setRole wakes the worker
+		}
+		if ctx.Err() == nil {
+			w.log.Warn("cannot confirm the source still holds; not applying", "source", m.Node, "epoch", m.Epoch, "err", err)
+		}
+		return false
+	}
 	start := time.Now()
 	var res fstree.ApplyResult
 	if w.t.isAstDB() {
