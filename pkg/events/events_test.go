@@ -47,7 +47,7 @@ func init() {
 			Reason: "holder n1 down (pbx), n2 healthy", CausedBy: []string{"0193a1b2-0000-7000-8000-000000000001"},
 			Commands: []string{"0193a1b2-0000-7000-8000-000000000002"}},
 		TypeClaimIP: ClaimIP{Group: "pbx", Node: "n2", Addresses: []string{"198.51.100.10/24"}, NotAfter: goldenTime.Add(10 * time.Second),
-			PreviousHolder: "n1", PreviousHolderFenced: false},
+			PreviousHolder: "n1", PreviousHolderFenced: true, AfterReleases: []string{"0193a1b2-0000-7000-8000-000000000003"}},
 		TypeReleaseIP: ReleaseIP{Group: "pbx", Node: "n1", Addresses: []string{"198.51.100.10/24"}, NotAfter: goldenTime.Add(10 * time.Second),
 			Reason: "failover to n2"},
 		TypeAnswerPBX: AnswerPBX{Group: "pbx", Node: "n2", Mode: AnswerReload, Modules: []string{"res_pjsip.so"}, NotAfter: goldenTime.Add(10 * time.Second)},
@@ -243,6 +243,7 @@ func TestNewRefusesInvalidPayloads(t *testing.T) {
 		ProbeResult{Check: "pbx", Kind: "ami", TargetNode: "n1", Role: RoleSelf, OK: false, At: goldenTime},
 		CommandResult{CommandID: "x", CommandType: TypeClaimIP, Node: "n1", Group: "g", Outcome: OutcomeFailed},
 		FailbackPermit{Group: "pbx", Window: "w", ValidFrom: goldenTime, ValidUntil: goldenTime},
+		ClaimIP{Group: "pbx", Node: "n2", Addresses: []string{"198.51.100.10/24"}, NotAfter: goldenTime.Add(10 * time.Second), AfterReleases: []string{"release-of-n1"}},
 	}
 	for _, p := range cases {
 		if _, err := New(goldenSrc, "lab", p, WithEpoch(1)); err == nil {

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net/netip"
 	"time"
+
+	"github.com/google/uuid"
 )
 
 // Event and command types. The string is the wire name; never reuse one.
@@ -283,6 +285,12 @@ type ClaimIP struct {
 	// executor may claim even if that node's MAC still answers ARP.
 	PreviousHolder       string `json:"previous_holder,omitempty"`
 	PreviousHolderFenced bool   `json:"previous_holder_fenced,omitempty"`
+	// AfterReleases are the ids of releases sent in the same decision to
+	// nodes still heard on the bus. They run on other nodes' executors, in
+	// parallel with this claim: the executor waits (bounded) for their
+	// results before taking the address, so that a node that is alive and
+	// about to let go is never still answering when the claimant announces.
+	AfterReleases []string `json:"after_releases,omitempty"`
 }
 
 func (ClaimIP) EventType() Type    { return TypeClaimIP }
@@ -298,7 +306,15 @@ func (c ClaimIP) subject(e Envelope) string {
 	return CommandSubject(e.Cluster, c.Node, VerbClaim)
 }
 func (c ClaimIP) Validate() error {
-	return validateAddressCommand(c.Group, c.Node, c.Addresses, c.NotAfter)
+	if err := validateAddressCommand(c.Group, c.Node, c.Addresses, c.NotAfter); err != nil {
+		return err
+	}
+	for _, id := range c.AfterReleases {
+		if _, err := uuid.Parse(id); err != nil {
+			return fmt.Errorf("%w: after_releases %q", ErrInvalidField, id)
+		}
+	}
+	return nil
 }
 
 // ReleaseIP tells a node's executor to give the group's addresses up.

@@ -2,6 +2,7 @@ package decide
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -471,5 +472,47 @@ func TestConfigValidation(t *testing.T) {
 	}
 	if c.cfg.ClaimTimeout != 5*time.Second || c.cfg.CommandTTL != 10*time.Second || c.cfg.HoldDown != 10*time.Second || c.cfg.SettleAfter != 3*time.Second {
 		t.Fatalf("defaults %+v", c.cfg)
+	}
+}
+
+// TestClaimWaitsOnlyForReleasesOfNodesStillHeard: a holder that reports its
+// own PBX down is alive on the bus and lets go in milliseconds, so the
+// claim names its release for the claimant to wait on; a holder replaced
+// because it is silent cannot answer, so the claim names nothing to wait on.
+func TestClaimWaitsOnlyForReleasesOfNodesStillHeard(t *testing.T) {
+	claimOf := func(t *testing.T, out Output) (events.ClaimIP, string) {
+		t.Helper()
+		var claim *events.ClaimIP
+		var release string
+		for _, e := range out.Emits {
+			switch p := e.Payload.(type) {
+			case events.ClaimIP:
+				claim = &p
+			case events.ReleaseIP:
+				if p.Node == "n1" {
+					release = e.ID
+				}
+			}
+		}
+		if claim == nil || release == "" {
+			t.Fatalf("no release of n1 and claim in %q", summary(out))
+		}
+		return *claim, release
+	}
+
+	heard := newFx(t, testConfig())
+	heard.boot()
+	claim, release := claimOf(t, heard.setSelf("n1", down))
+	if !slices.Equal(claim.AfterReleases, []string{release}) {
+		t.Fatalf("holder heard: claim waits on %v, want its release %s", claim.AfterReleases, release)
+	}
+
+	silent := newFx(t, testConfig())
+	silent.boot()
+	run(8*time.Second, "n1")(silent)
+	silent.setPeer("n2", "n1", down)
+	claim, _ = claimOf(t, silent.setPeer("n3", "n1", down))
+	if len(claim.AfterReleases) != 0 {
+		t.Fatalf("holder silent: claim waits on %v, want nothing", claim.AfterReleases)
 	}
 }

@@ -530,14 +530,22 @@ func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to
 	corr := corrOf(primary)
 	c.emit(out, id, d, primary)
 	cause := ref{id: id, corr: corr}
+	// Releases and the claim reach different executors at the same moment.
+	// A released node still on the bus lets go within milliseconds: the
+	// claimant waits for that (bounded) rather than announce while it still
+	// answers. A silent one cannot answer the bus, and is cut off or dead.
+	var after []string
 	for i, n := range release {
 		c.emitCommand(out, d.Commands[i], events.ReleaseIP{Group: g.cfg.Name, Node: n, Addresses: g.cfg.Addresses, NotAfter: notAfter,
 			Reason: fmt.Sprintf("%s to %s", action, to)}, cause)
+		if !c.silent(n, now) {
+			after = append(after, d.Commands[i])
+		}
 	}
 	claimID := d.Commands[len(release)]
 	// Claims expire when the arbiter gives up on them (see Config.ClaimTTL).
 	c.emitCommand(out, claimID, events.ClaimIP{Group: g.cfg.Name, Node: to, Addresses: g.cfg.Addresses, NotAfter: now.Add(c.cfg.ClaimTTL()),
-		PreviousHolder: prev, PreviousHolderFenced: prev != "" && prevFenced}, cause)
+		PreviousHolder: prev, PreviousHolderFenced: prev != "" && prevFenced, AfterReleases: after}, cause)
 	if from != "" && len(release) > 0 && release[0] == from && action != events.ActionRetry {
 		// It has been told to release: the next claims (retries, or a later
 		// placement) may name it as fenced.

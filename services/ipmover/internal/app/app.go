@@ -24,6 +24,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
@@ -56,6 +57,7 @@ type Service struct {
 	m        *metrics
 
 	pub      publisher
+	watch    func(context.Context, bus.WatchOptions, bus.EventHandler) error // the audit stream, for release results
 	kv       conflict.ReadKey
 	listKeys func(context.Context) ([]string, error) // group status keys
 	bg       sync.WaitGroup                          // event publications in flight
@@ -188,6 +190,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 		}
 		s.pub = rt.Bus
+		s.watch = rt.Bus.Watch
 		kv, kvErr := rt.Bus.StateKV(ctx)
 		s.kv = readKV(kv, kvErr)
 		s.listKeys = func(ctx context.Context) ([]string, error) {

@@ -281,18 +281,36 @@ func TestClaimMoveAndTimings(t *testing.T) {
 		return h.neigh(vip4.Addr()) == h.lan.MACs["n1"].String() && h.neigh(vip6.Addr()) == h.lan.MACs["n1"].String()
 	})
 
-	// Failover to n2: release then claim, the claim naming n1 fenced.
+	// Failover to n2: release and claim at once, the claim naming n1
+	// fenced and waiting for n1's release, as the arbiter sends them when
+	// n1 is still on the bus.
 	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Epoch: 2}, pendingState(2, "n2", "y"))
-	rel := h.send(2, releaseCmd("n1"))
-	c2 := h.send(2, claimCmd("n2", true, "n1"))
+	claim2 := claimCmd("n2", true, "n1")
+	relEnv, err := events.New(h.ctl.Source(), "lab", releaseCmd("n1"), events.WithEpoch(2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	claim2.AfterReleases = []string{relEnv.ID}
+	c2 := h.send(2, claim2) // the claim first: the wait must hold it back
+	if err := h.ctl.Publish(t.Context(), relEnv, releaseCmd("n1")); err != nil {
+		t.Fatal(err)
+	}
 	r2 := h.result(c2)
-	want = []string{StepReceived, StepAddressAdded, StepAnnounced, StepPBXAnswering, StepPBXVerified}
+	want = []string{StepReceived, StepReleased, StepAddressAdded, StepAnnounced, StepPBXAnswering, StepPBXVerified}
 	if r2.Outcome != events.OutcomeApplied || !slices.Equal(stepNames(r2), want) {
 		t.Fatalf("failover result %s %q steps %v; want applied with %v (no probe: previous holder fenced)", r2.Outcome, r2.Error, stepNames(r2), want)
 	}
 	t.Logf("failover steps (ms): %s", formatSteps(r2))
+	rr := h.result(relEnv)
+	if rr.Outcome != events.OutcomeApplied {
+		t.Fatalf("release: %s %s", rr.Outcome, rr.Error)
+	}
+	// n1 had let go before n2 took the address: never two at once.
+	if removed, added := rr.Steps[len(rr.Steps)-1].At, r2.Steps[2].At; !removed.Before(added) {
+		t.Fatalf("n2 added the address at %s, before n1 removed it at %s", added.Format("15:04:05.000000"), removed.Format("15:04:05.000000"))
+	}
 	// Within the first burst (5 × 200 ms) of the first announcement.
-	burstEnd := r2.Steps[2].At.Add(time.Second)
+	burstEnd := r2.Steps[3].At.Add(time.Second)
 	for _, ip := range []netip.Addr{vip4.Addr(), vip6.Addr()} {
 		for h.neigh(ip) != h.lan.MACs["n2"].String() {
 			if time.Now().After(burstEnd) {
@@ -301,15 +319,26 @@ func TestClaimMoveAndTimings(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	if rr := h.result(rel); rr.Outcome != events.OutcomeApplied {
-		t.Fatalf("release: %s %s", rr.Outcome, rr.Error)
-	}
 	if h.holds("n1", vip4) || h.holds("n1", vip6) || !h.holds("n2", vip4) || !h.holds("n2", vip6) {
 		t.Fatal("after the move n1 must hold nothing and n2 both addresses")
 	}
-	// The claim-step histogram saw both claims.
-	if n := histogramCount(t, s1, StepAddressAdded); n != 1 {
-		t.Fatalf("n1's %s histogram count %d, want 1", StepAddressAdded, n)
+
+	// Back to n1, naming a release that is never answered (its executor
+	// dead, say): the claim waits claim.release_wait, then goes ahead.
+	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Epoch: 3}, pendingState(3, "n1", "z"))
+	h.result(h.send(3, releaseCmd("n2")))
+	claim3 := claimCmd("n1", true, "n2")
+	claim3.AfterReleases = []string{"0193a1b2-0000-7000-8000-00000000dead"}
+	r3 := h.result(h.send(3, claim3))
+	if r3.Outcome != events.OutcomeApplied || len(r3.Steps) < 2 || r3.Steps[1].Name != StepNotReleased {
+		t.Fatalf("claim after an unanswered release: %s %q steps %v", r3.Outcome, r3.Error, stepNames(r3))
+	}
+	if waited := r3.Steps[1].At.Sub(r3.Steps[0].At); waited < DefaultReleaseWait {
+		t.Fatalf("gave up on the release after %s, before claim.release_wait %s", waited, DefaultReleaseWait)
+	}
+	// The claim-step histogram saw both of n1's claims.
+	if n := histogramCount(t, s1, StepAddressAdded); n != 2 {
+		t.Fatalf("n1's %s histogram count %d, want 2", StepAddressAdded, n)
 	}
 }
 

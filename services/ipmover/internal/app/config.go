@@ -83,6 +83,10 @@ type ClaimConfig struct {
 	// answer before a claim whose previous holder is not fenced; 0 means
 	// the default, a negative value disables probing.
 	ProbeWait config.Duration `yaml:"probe_wait"`
+	// ReleaseWait bounds the wait for the releases a claim names (nodes
+	// still on the bus letting go in the same decision) before the address
+	// is taken; past it the claim goes ahead as the arbiter fenced it.
+	ReleaseWait config.Duration `yaml:"release_wait"`
 }
 
 // ConflictConfig tunes conflict detection while holding.
@@ -135,6 +139,10 @@ type AnnounceConfig struct {
 // is paid in full by every unfenced claim (a failover's claim names its
 // previous holder fenced and skips it).
 const DefaultProbeWait = 100 * time.Millisecond
+
+// DefaultReleaseWait: a live node releases and reports in a few
+// milliseconds; waiting longer only delays phones when its executor is dead.
+const DefaultReleaseWait = 300 * time.Millisecond
 
 // schedule merges the configured values over the defaults.
 func (a AnnounceConfig) schedule() announce.Config {
@@ -218,6 +226,7 @@ func (c *Config) Validate() error {
 	def(&c.Verify.Timeout, 3*time.Second)
 	def(&c.Verify.Every, 200*time.Millisecond)
 	def(&c.Claim.ProbeWait, DefaultProbeWait)
+	def(&c.Claim.ReleaseWait, DefaultReleaseWait)
 	def(&c.Conflict.ConfirmTimeout, time.Second)
 	def(&c.Conflict.MinInterval, time.Second)
 	def(&c.BusLoss.ReleaseAfter, busloss.DefaultReleaseAfter)

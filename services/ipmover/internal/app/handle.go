@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/services/ipmover/internal/answer"
 	"github.com/fanpbx/fan/services/ipmover/internal/conflict"
@@ -23,6 +24,8 @@ import (
 // and the metric's step label.
 const (
 	StepReceived      = "received"
+	StepReleased      = "releases_confirmed"   // every release the claim names was answered
+	StepNotReleased   = "releases_unconfirmed" // claim.release_wait passed first
 	StepProbed        = "probed"
 	StepAddressAdded  = "address_added"
 	StepAnnounced     = "first_announcement_sent"
@@ -143,6 +146,17 @@ func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.Clai
 	prefixes, err := parsePrefixes(c.Addresses)
 	if err != nil {
 		return err
+	}
+	if len(c.AfterReleases) > 0 {
+		if s.awaitReleases(ctx, env, c.AfterReleases) {
+			tl.at(StepReleased, time.Now())
+		} else {
+			// Its executor may be dead with the address still configured; the
+			// conflict watch on that node yields once it runs again.
+			tl.at(StepNotReleased, time.Now())
+			s.log.Warn("releases not answered in time; claiming as the arbiter decided", "group", c.Group,
+				"releases", c.AfterReleases, "waited", s.cfg.Claim.ReleaseWait.D())
+		}
 	}
 	if wait := s.cfg.Claim.ProbeWait.D(); wait > 0 && !c.PreviousHolderFenced {
 		ip, mac, err := s.probe(ctx, prefixes, wait)
@@ -552,4 +566,57 @@ func (s *Service) groupStatuses(ctx context.Context) ([]events.GroupStatus, erro
 		out = append(out, g)
 	}
 	return out, nil
+}
+
+// releaseLookBack reaches back before the claim for results published
+// before it arrived (the release may be answered first), with room for
+// the arbiter's clock running ahead of the server's.
+const releaseLookBack = 10 * time.Second
+
+// awaitReleases waits, at most claim.release_wait, for a result of each
+// release id: the nodes letting go in the same decision, on their own
+// executors. Any outcome counts: a node that failed to release said so and
+// the arbiter acts on it. It reports whether every one was answered.
+func (s *Service) awaitReleases(ctx context.Context, env events.Envelope, ids []string) bool {
+	if s.watch == nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Claim.ReleaseWait.D())
+	defer cancel()
+	var mu sync.Mutex
+	pending := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		pending[id] = true
+	}
+	answered := make(chan struct{})
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		_ = s.watch(ctx, bus.WatchOptions{Subjects: []string{events.AllCommandResults(s.cfg.Cluster)}, Since: env.Time.Add(-releaseLookBack)},
+			func(_ events.Envelope, p events.Payload, _ uint64) {
+				r, ok := p.(*events.CommandResult)
+				if !ok {
+					return
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				if pending[r.CommandID] {
+					delete(pending, r.CommandID)
+					if len(pending) == 0 {
+						close(answered)
+					}
+				}
+			})
+	}()
+	select {
+	case <-answered:
+		cancel()
+		<-watched
+		return true
+	case <-ctx.Done():
+		<-watched
+		mu.Lock()
+		defer mu.Unlock()
+		return len(pending) == 0
+	}
 }
