@@ -17,6 +17,9 @@ type WatchOptions struct {
 	// only events published from now on. All starts at the beginning.
 	Since time.Time
 	All   bool
+	// LastPerSubject starts with the newest stored event of each subject
+	// (what is in force now, for state restated periodically), then new ones.
+	LastPerSubject bool
 }
 
 // EventHandler receives decoded events one at a time, in stream order.
@@ -31,6 +34,8 @@ func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error 
 	switch {
 	case o.All:
 		cfg.DeliverPolicy = jetstream.DeliverAllPolicy
+	case o.LastPerSubject:
+		cfg.DeliverPolicy = jetstream.DeliverLastPerSubjectPolicy
 	case !o.Since.IsZero():
 		cfg.DeliverPolicy = jetstream.DeliverByStartTimePolicy
 		since := o.Since

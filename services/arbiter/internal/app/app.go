@@ -155,17 +155,24 @@ func (s *Service) Run(ctx context.Context) error {
 
 		inputs := make(chan input, 4096)
 		changes := make(chan lease.Change, 4)
-		watchDone := make(chan error, 1)
+		toCore := func(env events.Envelope, p events.Payload, _ uint64) {
+			select {
+			case inputs <- input{env: env, p: p}:
+			case <-ctx.Done():
+			}
+		}
+		watchDone := make(chan error, 2)
 		go func() {
 			watchDone <- rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{
 				events.AllHealth(s.cfg.Cluster), events.AllHeartbeats(s.cfg.Cluster),
-				events.AllCommandResults(s.cfg.Cluster), events.AllPermits(s.cfg.Cluster), events.AllReplication(s.cfg.Cluster),
-			}}, func(env events.Envelope, p events.Payload, _ uint64) {
-				select {
-				case inputs <- input{env: env, p: p}:
-				case <-ctx.Done():
-				}
-			})
+				events.AllCommandResults(s.cfg.Cluster), events.AllReplication(s.cfg.Cluster),
+			}}, toCore)
+		}()
+		// A permit in force was published up to the scheduler's tick_every
+		// ago: start from each group's last one, or a restarted arbiter would
+		// not fail back inside an open window until the next tick.
+		go func() {
+			watchDone <- rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllPermits(s.cfg.Cluster)}, LastPerSubject: true}, toCore)
 		}()
 		leaseDone := make(chan struct{})
 		go func() { l.Run(ctx, changes); close(leaseDone) }()
@@ -181,7 +188,7 @@ func (s *Service) Run(ctx context.Context) error {
 			case <-ctx.Done():
 				<-leaseDone
 				<-regDone
-				return <-watchDone
+				return errors.Join(<-watchDone, <-watchDone)
 			case in := <-inputs:
 				s.execute(ctx, s.core.Handle(time.Now(), in.env, in.p))
 			case b := <-beacons:
