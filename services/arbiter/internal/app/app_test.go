@@ -111,6 +111,14 @@ func (l *lab) probers(ctx context.Context) {
 	}
 }
 
+// nodesUp starts every node's scripted prober and model executor.
+func (l *lab) nodesUp(ctx context.Context) {
+	l.probers(ctx)
+	for _, n := range l.nodes {
+		l.executor(ctx, n)
+	}
+}
+
 // executor runs node's model executor from now on.
 func (l *lab) executor(ctx context.Context, node string) {
 	b := bustest.Connect(l.t, l.s, bus.Identity{Cluster: "lab", Service: "ipmover", Node: node})
@@ -233,10 +241,7 @@ func TestLeaderLostMidFailover(t *testing.T) {
 	l.claimTimeout = 6 * time.Second
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l.probers(ctx)
-	for _, n := range l.nodes {
-		l.executor(ctx, n)
-	}
+	l.nodesUp(ctx)
 	stopA := l.arbiter("ctlA")
 	l.waitHolder("n1", 10*time.Second)
 	l.arbiter("ctlB")
@@ -301,10 +306,7 @@ func TestTwoArbitersRace(t *testing.T) {
 	l := newLab(t, "n1", "n2")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l.probers(ctx)
-	for _, n := range l.nodes {
-		l.executor(ctx, n)
-	}
+	l.nodesUp(ctx)
 	var wg sync.WaitGroup
 	for _, n := range []string{"ctlA", "ctlB"} {
 		wg.Go(func() { l.arbiter(n) })
@@ -379,10 +381,7 @@ func TestOperatorRequestReply(t *testing.T) {
 	l := newLab(t, "n1", "n2")
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l.probers(ctx)
-	for _, n := range l.nodes {
-		l.executor(ctx, n)
-	}
+	l.nodesUp(ctx)
 	l.arbiter("ctlA")
 	l.arbiter("ctlB")
 	l.waitHolder("n1", 10*time.Second)

@@ -28,10 +28,7 @@ func TestRestartedArbiterKeepsAnAppliedClaim(t *testing.T) {
 	l.mu.Lock()
 	l.slow["n1"] = gate // n1 receives its placement claim but answers only when told
 	l.mu.Unlock()
-	l.probers(ctx)
-	for _, n := range l.nodes {
-		l.executor(ctx, n)
-	}
+	l.nodesUp(ctx)
 	stopA := l.arbiter("ctlA")
 	// Wait until the placement claim is in the trail, then kill the leader.
 	deadline := time.Now().Add(10 * time.Second)
@@ -77,10 +74,7 @@ func TestSuccessorReissuesAClaimNeverSent(t *testing.T) {
 	l.claimTimeout = 10 * time.Second // the longest the lab's command TTL allows
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l.probers(ctx)
-	for _, n := range l.nodes {
-		l.executor(ctx, n)
-	}
+	l.nodesUp(ctx)
 	stopA := l.arbiter("ctlA")
 	l.waitHolder("n1", 10*time.Second)
 	stopA()
