@@ -327,12 +327,19 @@ func TestEventBurstDoesNotLoseResponse(t *testing.T) {
 	if err != nil || r.Field("Ping") != "Pong" {
 		t.Fatalf("Ping behind a burst: %q, %v", r.String(), err)
 	}
-	// 1 FullyBooted + 300 events, 4 kept.
-	if got := c.DroppedEvents(); got != burst+1-4 {
-		t.Errorf("dropped %d events, want %d", got, burst+1-4)
+	// FullyBooted + 300 events, the first 4 kept. FullyBooted comes with
+	// the login answer, before this client's reader runs, and goami2 drops
+	// what it cannot hand over within 10 ms: a starved scheduler (the race
+	// detector on a loaded machine) can lose it there. Count it if it came.
+	if n := len(c.Events()); n != 4 {
+		t.Fatalf("%d events buffered, want 4", n)
 	}
-	if len(c.Events()) != 4 {
-		t.Errorf("%d events buffered, want 4", len(c.Events()))
+	received := burst
+	if first := <-c.Events(); first.Name() == "FullyBooted" {
+		received++
+	}
+	if got := c.DroppedEvents(); got != uint64(received-4) {
+		t.Errorf("dropped %d of %d events received, want %d", got, received, received-4)
 	}
 }
 
