@@ -204,11 +204,17 @@ func Percentile(cs []Cycle, p float64) float64 {
 	return float64(d[rank-1].Microseconds()) / 1000
 }
 
-// Line renders one scenario's result in the report format.
+// Line renders one scenario's result in the report format. cycles counts
+// the cycles both systems completed, or the one system's that ran (-systems):
+// a system that did not run shows NaN, not zero cycles for the other.
 func Line(s Scenario, fan, ka []Cycle) string {
 	fp99, kp99 := Percentile(fan, 99), Percentile(ka, 99)
+	n := min(len(fan), len(ka))
+	if len(fan) == 0 || len(ka) == 0 {
+		n = max(len(fan), len(ka))
+	}
 	return fmt.Sprintf("scenario=%s cycles=%d fan_p50_ms=%.0f fan_p99_ms=%.0f keepalived_p50_ms=%.0f keepalived_p99_ms=%.0f ratio_p99=%.2f",
-		s, min(len(fan), len(ka)), Percentile(fan, 50), fp99, Percentile(ka, 50), kp99, fp99/kp99)
+		s, n, Percentile(fan, 50), fp99, Percentile(ka, 50), kp99, fp99/kp99)
 }
 
 // CountMoves counts the arbiter's decisions that moved a group (failover,

@@ -36,6 +36,11 @@ func TestLineFormat(t *testing.T) {
 	if got != want {
 		t.Fatalf("\n got %s\nwant %s", got, want)
 	}
+	got = Line(PBXDeath, cycles(600, 700, 650), nil)
+	want = "scenario=pbx-death cycles=3 fan_p50_ms=650 fan_p99_ms=700 keepalived_p50_ms=NaN keepalived_p99_ms=NaN ratio_p99=NaN"
+	if got != want {
+		t.Fatalf("fan alone:\n got %s\nwant %s", got, want)
+	}
 }
 
 func TestCountMoves(t *testing.T) {
