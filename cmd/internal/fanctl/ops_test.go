@@ -136,6 +136,11 @@ func TestOperatorCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer sub.Unsubscribe()
+	// Subscribe returns before the server has the interest; fanctl's first
+	// request, on another connection, would find no responder (seen in CI).
+	if err := b.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	run := func(args ...string) (int, string) {
 		var out, errb bytes.Buffer
 		code := fanctl.Main(append([]string{"--url", s.ClientURL(), "--cluster", "lab"}, args...), &out, &errb, "t")
