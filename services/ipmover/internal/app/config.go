@@ -86,6 +86,7 @@ type ClaimConfig struct {
 	// ReleaseWait bounds the wait for the releases a claim names (nodes
 	// still on the bus letting go in the same decision) before the address
 	// is taken; past it the claim goes ahead as the arbiter fenced it.
+	// 0 means the default, a negative value disables the wait.
 	ReleaseWait config.Duration `yaml:"release_wait"`
 }
 

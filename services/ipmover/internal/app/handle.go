@@ -147,7 +147,7 @@ func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.Clai
 	if err != nil {
 		return err
 	}
-	if len(c.AfterReleases) > 0 {
+	if len(c.AfterReleases) > 0 && s.cfg.Claim.ReleaseWait.D() > 0 {
 		if s.awaitReleases(ctx, env, c.AfterReleases) {
 			tl.at(StepReleased, time.Now())
 		} else {
