@@ -430,6 +430,9 @@ func TestOperatorRequestReply(t *testing.T) {
 	}
 }
 
+// testLogger is silent unless FAN_TEST_LOG is set: then the arbiters log
+// at debug level and the model executors print every command they apply,
+// which is how a handover that fails only under load is read afterwards.
 func testLogger(node string) *slog.Logger {
 	if os.Getenv("FAN_TEST_LOG") == "" {
 		return slog.New(slog.DiscardHandler)
