@@ -34,11 +34,11 @@ import (
 // always goes to the same worker, so its own heartbeats never race.
 const registryWorkers = 4
 
-// defaultTickEvery drives the core's timers (claim timeouts, silence). It bounds
-// how late a silence by missed presence beacons is acted on, so it is a
-// fraction of the beacon interval; a tick costs microseconds per group.
-// how late a timer fires, not how fast a health transition is acted on:
-// events are handled as they arrive.
+// defaultTickEvery drives the core's timers (claim timeouts, silence). It
+// bounds how late a timer fires, such as a silence by missed presence
+// beacons, so it is a fraction of the beacon interval; it does not delay a
+// health transition, which is handled as it arrives. A tick costs
+// microseconds per group.
 const defaultTickEvery = 25 * time.Millisecond
 
 // statusRefresh rewrites group status at least this often so fanctl shows

@@ -49,6 +49,14 @@ func run(d time.Duration, silent ...string) func(f *fx) Output {
 	}
 }
 
+// n1UnknownN2Up leads with n1, the preferred node, heard but without a
+// verdict from its checks yet, and n2 up.
+func n1UnknownN2Up(f *fx) {
+	f.lead(1)
+	f.self["n1"] = events.CheckState{TargetNode: "n1", Role: events.RoleSelf, Health: events.HealthUnknown, Since: f.now}
+	f.self["n2"] = events.CheckState{TargetNode: "n2", Role: events.RoleSelf, Health: up, Since: f.now}
+}
+
 func TestRules(t *testing.T) {
 	failover12 := []string{"failover n1->n2", "release n1", "claim n2 prev=n1 fenced"}
 	cases := []struct {
@@ -85,24 +93,16 @@ func TestRules(t *testing.T) {
 			},
 		},
 		{
-			name: "placement waits for a heard preferred node whose checks have no verdict yet",
-			setup: func(f *fx) {
-				f.lead(1)
-				f.self["n1"] = events.CheckState{TargetNode: "n1", Role: events.RoleSelf, Health: events.HealthUnknown, Since: f.now}
-				f.self["n2"] = events.CheckState{TargetNode: "n2", Role: events.RoleSelf, Health: up, Since: f.now}
-			},
+			name:  "placement waits for a heard preferred node whose checks have no verdict yet",
+			setup: n1UnknownN2Up,
 			steps: []step{
 				{name: "n1 unknown, n2 up", do: func(f *fx) Output { f.hb("n1"); return f.hb("n2") }},
 				{name: "n1 up", do: self("n1", up), want: []string{"place ->n1", "claim n1"}},
 			},
 		},
 		{
-			name: "a preferred node that never reaches a verdict delays placement only until the settle period ends",
-			setup: func(f *fx) {
-				f.lead(1)
-				f.self["n1"] = events.CheckState{TargetNode: "n1", Role: events.RoleSelf, Health: events.HealthUnknown, Since: f.now}
-				f.self["n2"] = events.CheckState{TargetNode: "n2", Role: events.RoleSelf, Health: up, Since: f.now}
-			},
+			name:  "a preferred node that never reaches a verdict delays placement only until the settle period ends",
+			setup: n1UnknownN2Up,
 			steps: []step{
 				{name: "n1 unknown, n2 up", do: func(f *fx) Output { f.hb("n1"); return f.hb("n2") }},
 				{name: "settle", do: run(3*time.Second, "n3"), want: []string{"place ->n2", "claim n2"}},
