@@ -1,6 +1,6 @@
 // Package amipeer is an in-repo stand-in for Asterisk's manager interface
 // (AMI). It answers the way a real Asterisk 22 does, byte for byte as
-// recorded in shared/facts/asterisk22.md, because Asterisk itself is not
+// written down in docs/asterisk22.md, because Asterisk itself is not
 // packaged for the systems fan is tested on.
 //
 // Beyond the happy path it reproduces the failures a PBX health check has to

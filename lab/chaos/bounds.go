@@ -25,7 +25,7 @@ const (
 // heals, the node that held the address before the fault may still answer
 // ARP for it next to the holder the arbiter chose meanwhile. Under the
 // default bus-loss policy (hold) a holder that cannot reach the bus keeps
-// its address, by design (mission invariant 6); it gives it up when contact
+// its address, by design (invariant 6, docs/invariants.md); it gives it up when contact
 // returns and the group status names another holder.
 //
 // Contact returns at the latest when the NATS client notices its old

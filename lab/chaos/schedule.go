@@ -1,5 +1,5 @@
 // Package chaos runs fan's real binaries in a namespace lab under a
-// randomized, seeded fault schedule and checks the mission's invariants from
+// randomized, seeded fault schedule and checks fan's invariants (docs/invariants.md) from
 // the outside: an ARP observer in the client namespace counts time with two
 // MACs answering for the floating IP, a SIP client counts time with no
 // answer while a healthy node existed, and the audit trail is searched for

@@ -1,6 +1,6 @@
 // Package ami is fan's client for the Asterisk Manager Interface, built on
-// github.com/staskobzar/goami2 with the workarounds its traps need (see
-// shared/research/asterisk_ha.md §2):
+// github.com/staskobzar/goami2 with the workarounds its traps need (written
+// down in docs/asterisk22.md):
 //
 //   - Login has its own deadline (LoginTimeout, default 3 s) instead of
 //     goami2's fixed 1 s, so a wrong password (which Asterisk answers only

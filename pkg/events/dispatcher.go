@@ -2,7 +2,7 @@ package events
 
 import "fmt"
 
-// Load-aware preference (seed 002): the arbiter ranks a group's active
+// Load-aware preference: the arbiter ranks a group's active
 // nodes by their heartbeats' CPU and free memory and publishes the weights
 // a Kamailio dispatcher set should use; the dispatcher executor applies
 // them. A new set is published only when a weight moved far enough for

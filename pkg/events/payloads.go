@@ -166,7 +166,7 @@ type CheckState struct {
 	SinceEvent string    `json:"since_event,omitempty"`
 }
 
-// NodeHeartbeat is seed 002's telemetry plus the prober's current view.
+// NodeHeartbeat is a node's host telemetry plus the prober's current view.
 type NodeHeartbeat struct {
 	Node              string                `json:"node"`
 	Seq               uint64                `json:"seq"`

@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// The node registry (seed 002): every node's last heartbeat and metrics in
+// The node registry: every node's last heartbeat and metrics in
 // the state bucket, one key per node, written with compare-and-set so that
 // concurrent heartbeats and sweeps never lose an update; a sweeper marks a
 // node offline after a silence, and a heartbeat marks it online again. Both

@@ -1,5 +1,5 @@
 // Command fan-chaos runs fan's real binaries in a namespace lab under a
-// randomized, seeded fault schedule and checks the mission's invariants
+// randomized, seeded fault schedule and checks fan's invariants (docs/invariants.md)
 // from the outside (see lab/chaos/README.md). It prints a line per fault as
 // it happens and ends with exactly one line:
 //

@@ -25,7 +25,7 @@ type Config struct {
 	Groups   []GroupConfig   `yaml:"groups"`
 	Policy   PolicyConfig    `yaml:"policy"`
 	Registry RegistryConfig  `yaml:"registry"`
-	// HTTPHeartbeat is seed 002's REST endpoint for hosts without a prober.
+	// HTTPHeartbeat is the REST endpoint for hosts without a prober.
 	HTTPHeartbeat HTTPHeartbeatConfig `yaml:"http_heartbeat"`
 }
 
@@ -39,7 +39,7 @@ type HTTPHeartbeatConfig struct {
 	// MaxBody bounds a request body in bytes (default 4096).
 	MaxBody int64 `yaml:"max_body"`
 	// Interval is the heartbeat period these hosts use, carried in the
-	// events when the body gives none (default 60s, seed 002's cron).
+	// events when the body gives none (default 60s, a once-a-minute cron).
 	Interval config.Duration `yaml:"interval"`
 	// Nodes may post; any other name is refused.
 	Nodes []string `yaml:"nodes"`
@@ -82,7 +82,7 @@ func (h *HTTPHeartbeatConfig) validate() error {
 	return nil
 }
 
-// RegistryConfig tunes the node registry (seed 002).
+// RegistryConfig tunes the node registry.
 type RegistryConfig struct {
 	// OfflineAfter: a node silent this long is marked offline (default 5m).
 	OfflineAfter config.Duration `yaml:"offline_after"`

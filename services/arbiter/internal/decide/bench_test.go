@@ -42,7 +42,7 @@ func lastClaim(out Output) (string, string) {
 // transition in, decision + release + claim out. Each op is one failover
 // cycle (down, the claim's confirmation, the old holder back up); the
 // decision itself is timed separately and reported as decide-ns/op and its
-// p99, the figure the mission's 5 ms p99 target is about.
+// p99, the figure fan's 5 ms p99 decision target is about.
 func BenchmarkHandleTransition(b *testing.B) {
 	cfg := testConfig()
 	cfg.MaxMovesPerHour = -1 // the clock stands still here: the flap cap would freeze the group

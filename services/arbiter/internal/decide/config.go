@@ -140,7 +140,7 @@ type Group struct {
 	// which suits the usual one-peer-check-per-neighbour setup.
 	PeerChecks []string
 	// HealthFrom names, for members that run no prober of their own (a DNS
-	// site, seed 001), which observer's check about them decides their
+	// site), which observer's check about them decides their
 	// health. Such a member's bus presence is its observer's: it is heard
 	// while the observer heartbeats and silent when the observer is.
 	HealthFrom map[string]HealthSource

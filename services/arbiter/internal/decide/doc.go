@@ -34,8 +34,8 @@
 //   - The holder is down when its own prober reports the check down, or when
 //     it is silent on the bus and the fresh peers that have an opinion all
 //     report it down (at least one). A silent holder that a peer still
-//     reaches, or that no peer has an opinion on, is held (mission
-//     invariant 6: only move when clients are hurt). A down holder is replaced
+//     reaches, or that no peer has an opinion on, is held (invariant
+//     6 in docs/invariants.md: only move when clients are hurt). A down holder is replaced
 //     by the highest-priority other eligible node (failover): release to the
 //     old holder, then claim on the new one.
 //   - A claim is confirmed by an applied (or duplicate) CommandResult. A

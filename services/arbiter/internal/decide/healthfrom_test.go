@@ -9,7 +9,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 )
 
-// siteConfig is seed 001 as a group: two DNS sites that run no prober; a
+// siteConfig is a DNS site failover as a group: two DNS sites that run no prober; a
 // monitor host "mon" runs a quorum group per site ("at least N of the
 // site's HTTP, DNS and ICMP checks up", role peer, target_node the site),
 // which the fixture names peer-<site>.

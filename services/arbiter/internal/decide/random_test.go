@@ -13,7 +13,7 @@ import (
 
 // world is the randomized test's ground truth and its independent model of
 // what the arbiter has been told and what it has commanded. The model is
-// deliberately written from the mission's invariants, not from the core's
+// deliberately written from fan's invariants (docs/invariants.md), not from the core's
 // code, so that a wrong rule in the core shows up as a broken invariant.
 type world struct {
 	t     *testing.T
@@ -152,7 +152,7 @@ func (w *world) fresh(n string) bool {
 	return ok && w.f.now.Sub(last) <= DefaultSilentAfter
 }
 
-// holderDown is the mission's rule, computed from what the arbiter was told:
+// holderDown is invariant 6's rule, computed from what the arbiter was told:
 // its own prober says down, or it is silent and the peers that are heard
 // from and have an opinion all say down.
 func (w *world) holderDown(h string) bool {

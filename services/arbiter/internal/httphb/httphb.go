@@ -1,4 +1,4 @@
-// Package httphb is seed 002's REST layer for hosts that cannot run fan's
+// Package httphb is the REST layer for hosts that cannot run fan's
 // prober: POST /api/servers/heartbeat turns an authenticated JSON body into
 // a node.heartbeat event on the bus (so the registry, the sweeper and the
 // load ranking treat it like any other), and GET /api/servers lists the

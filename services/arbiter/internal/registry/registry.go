@@ -1,4 +1,4 @@
-// Package registry keeps seed 002's node registry on JetStream: one key per
+// Package registry keeps the node registry on JetStream: one key per
 // node in the state bucket with its last heartbeat and metrics, and a
 // sweeper that marks a node offline after a silence and online again when
 // it is heard. Every write is a compare-and-set on the key's revision, so
@@ -23,7 +23,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// DefaultOfflineAfter is seed 002's threshold.
+// DefaultOfflineAfter is the threshold after which a silent node counts as offline.
 const DefaultOfflineAfter = 5 * time.Minute
 
 // maxAttempts bounds a compare-and-set loop. Each retry means another

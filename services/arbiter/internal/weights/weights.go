@@ -1,5 +1,5 @@
 // Package weights ranks a group's nodes by load for a Kamailio dispatcher
-// set (seed 002: prefer low CPU and high free memory). It is pure: figures
+// set (prefer low CPU and high free memory). It is pure: figures
 // in, weight sets out, no clock and no I/O.
 //
 // Formula. For a node with CPU use c (percent of all its cores, 0..100) and

@@ -22,7 +22,7 @@ import (
 )
 
 // DispatcherConfig keeps one Kamailio dispatcher set in step with the
-// arbiter's view (seed 002): a node receives new calls only while the
+// arbiter's view: a node receives new calls only while the
 // arbiter counts it eligible in Group (healthy, heard, not in standby) and
 // the registry does not mark it offline.
 type DispatcherConfig struct {

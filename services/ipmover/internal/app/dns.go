@@ -32,7 +32,7 @@ const (
 	StepDNSReleaseNoop   = "dns_release_noop"
 )
 
-// DNSConfig moves one DNS name between sites (seed 001). Each site is a
+// DNSConfig moves one DNS name between sites. Each site is a
 // node of an arbiter group (whose health comes from an observer's quorum
 // group, arbiter health_from); the executor consumes the commands of every
 // site in Sites.

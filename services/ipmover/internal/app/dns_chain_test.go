@@ -18,7 +18,7 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
 )
 
-// TestDNSSiteFailoverChain is seed 001 end to end with every part real: the
+// TestDNSSiteFailoverChain is a DNS site failover end to end with every part real: the
 // fan-prober binary judges two web sites ("up while at least 2 of its HTTP,
 // TCP and DNS checks are up"), the fan-arbiter binary decides from that
 // prober's quorum (health_from), the fan-scheduler binary opens a failback

@@ -4,7 +4,7 @@
 // another node to take them.
 //
 // Why hold is the default: a holder cut off from the bus but still serving
-// phones must not be replaced (mission invariant 6), and the arbiter does
+// phones must not be replaced (invariant 6, docs/invariants.md), and the arbiter does
 // not replace it while peers still reach it. Releasing on bus loss turns a
 // NATS outage or restart into a phone outage (vip-manager#411). Release is
 // for sites that prefer "no holder" to "maybe two" when the bus is gone.

@@ -1,6 +1,6 @@
 // Package gateway gives a node the LAN-gateway role that comes with a
-// floating address in seed 000 (FAN2), where the floating IP was also the
-// LAN's default gateway: while the node holds the address it forwards, and
+// floating address in sites where the floating IP is also the LAN's
+// default gateway: while the node holds the address it forwards, and
 // may need routes of its own; when it gives the address up both are undone,
 // so a standby never routes for a LAN that no longer sends to it.
 package gateway

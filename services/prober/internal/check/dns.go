@@ -11,7 +11,7 @@ import (
 	"golang.org/x/net/dns/dnsmessage"
 )
 
-// DNS asks one server one question over UDP (seed 001 watched its DNS
+// DNS asks one server one question over UDP (a DNS site watches its DNS
 // servers): healthy when the answer is NOERROR and holds at least one record
 // of the asked type. Asking the SOA of a zone the server is authoritative for
 // proves the zone is loaded, not just that named is running.

@@ -13,7 +13,7 @@ import (
 // maxBody bounds how much of a response body a body match reads.
 const maxBody = 1 << 20
 
-// HTTP fetches a URL (seed 001's wget): healthy when the status is in codes
+// HTTP fetches a URL (what a wget-based check did): healthy when the status is in codes
 // and, if a pattern is given, the body matches it.
 type HTTP struct {
 	url    string

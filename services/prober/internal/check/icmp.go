@@ -28,7 +28,7 @@ const (
 
 // ICMP sends one echo request per run and waits for the matching reply. It
 // proves a host's kernel answers, not its PBX: use it for hosts and routers
-// (seed 001 pinged its DNS servers), and in a quorum with deeper checks.
+// (a DNS site pings its servers), and in a quorum with deeper checks.
 type ICMP struct {
 	addr  netip.Addr
 	mode  string

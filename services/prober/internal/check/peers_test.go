@@ -260,7 +260,7 @@ func startSIPp(t *testing.T) int {
 }
 
 // startNamed runs BIND authoritative for voip.test on a free loopback port
-// (shared/research/dns_failover.md §3) and waits until it answers.
+// (configured as docs/bind.md says) and waits until it answers.
 func startNamed(t *testing.T) (*proc, string) {
 	t.Helper()
 	need(t, "named")

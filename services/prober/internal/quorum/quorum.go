@@ -1,5 +1,5 @@
 // Package quorum turns member checks' health into group health: "web is up
-// while at least N of its M checks are up" (seed 001's rule). It is pure:
+// while at least N of its M checks are up" (a DNS site's rule). It is pure:
 // member states in, group transitions out. Hysteresis lives in the members;
 // a group flips as soon as its count crosses N.
 package quorum

@@ -1,5 +1,5 @@
-// Package telemetry reads the host figures a heartbeat carries (seed 002's
-// CPU and memory, plus load and uptime) from /proc.
+// Package telemetry reads the host figures a heartbeat carries (CPU
+// and memory, plus load and uptime) from /proc.
 package telemetry
 
 import (

@@ -1,7 +1,7 @@
 // Package astdb carries AstDB families (PJSIP's `registrar` contacts above
 // all) between two running Asterisks over AMI: DBGetTree on the holder,
 // DBPut and DBDel on the standby, as observed to work on Asterisk 22
-// (shared/facts/asterisk22.md). The sqlite file itself is never copied: a
+// (docs/asterisk22.md). The sqlite file itself is never copied: a
 // live astdb.sqlite3 copied raw can be torn, and replacing it under a
 // running Asterisk loses writes or corrupts it.
 package astdb
