@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // Config says how to reach the bus. Exactly one of URL or Embedded is set.
@@ -146,7 +147,13 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		if err != nil {
 			return nil, fmt.Errorf("bus nkey seed %s: %w", cfg.NKeySeed, err)
 		}
-		opts = append(opts, o)
+		pub, err := seedPublicKey(cfg.NKeySeed)
+		if err != nil {
+			return nil, fmt.Errorf("bus nkey seed %s: %w", cfg.NKeySeed, err)
+		}
+		// Replies come to this identity's own inbox, the only one its
+		// permissions let it read (events.InboxPrefix).
+		opts = append(opts, o, nats.CustomInboxPrefix(events.InboxPrefix(pub)))
 	}
 	if cfg.TLS.CA != "" {
 		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
@@ -288,3 +295,17 @@ func (s serverLogger) Fatalf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v..
 func (s serverLogger) Errorf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
 func (s serverLogger) Debugf(f string, v ...any)  {}
 func (s serverLogger) Tracef(f string, v ...any)  {}
+
+// seedPublicKey reads an nkey seed file and returns its public key.
+func seedPublicKey(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	kp, err := nkeys.ParseDecoratedNKey(b)
+	if err != nil {
+		return "", err
+	}
+	defer kp.Wipe()
+	return kp.PublicKey()
+}

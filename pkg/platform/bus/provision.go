@@ -13,12 +13,12 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// Names of what fan keeps on JetStream. They are part of the operator-facing
-// contract (permissions, `nats stream view`), so they never change.
+// Names of what fan keeps on JetStream (defined with the permissions in
+// pkg/events).
 const (
-	EventsStream   = "FAN_EVENTS"
-	CommandsStream = "FAN_CMD"
-	StateBucket    = "fan_state"
+	EventsStream   = events.EventsStream
+	CommandsStream = events.CommandsStream
+	StateBucket    = events.StateBucket
 )
 
 // CommandDedupeWindow is how long the command stream remembers message ids.
@@ -38,7 +38,10 @@ func (b *Bus) eventsConfig() jetstream.StreamConfig {
 		Storage:     jetstream.FileStorage,
 		Replicas:    b.cfg.Replicas,
 		Duplicates:  2 * time.Minute,
-		DenyDelete:  true,
+		// Nobody removes anything from the trail: neither a message nor,
+		// by a purge, all of them.
+		DenyDelete: true,
+		DenyPurge:  true,
 		// Streams cannot share subjects, so the audit stream sources the
 		// command stream to keep every command after it has been consumed.
 		Sources: []*jetstream.StreamSource{{Name: CommandsStream, FilterSubject: events.AllCommands()}},
@@ -101,14 +104,20 @@ func (b *Bus) Provision(ctx context.Context) error {
 }
 
 func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
-	_, err := b.JS.CreateStream(ctx, want)
-	if err == nil {
-		return nil
-	}
-	if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
-		return fmt.Errorf("create stream %s: %w", want.Name, err)
-	}
+	// Look before creating: on a bus with permissions only the admin
+	// identity may create (`fanctl provision`), and a service finding the
+	// stream in place must not need that right.
 	s, err := b.JS.Stream(ctx, want.Name)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		_, err = b.JS.CreateStream(ctx, want)
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, jetstream.ErrStreamNameAlreadyInUse) {
+			return fmt.Errorf("create stream %s (on a bus with permissions, run fanctl provision as the admin): %w", want.Name, err)
+		}
+		s, err = b.JS.Stream(ctx, want.Name)
+	}
 	if err != nil {
 		return fmt.Errorf("stream %s: %w", want.Name, err)
 	}
@@ -131,6 +140,8 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 		return fmt.Sprintf("max age %v, want %v", have.MaxAge, want.MaxAge)
 	case have.Replicas != want.Replicas:
 		return fmt.Sprintf("replicas %d, want %d", have.Replicas, want.Replicas)
+	case have.DenyDelete != want.DenyDelete || have.DenyPurge != want.DenyPurge:
+		return fmt.Sprintf("deny delete %v and purge %v, want %v and %v", have.DenyDelete, have.DenyPurge, want.DenyDelete, want.DenyPurge)
 	case have.AllowMsgTTL != want.AllowMsgTTL:
 		return fmt.Sprintf("allow msg ttl %v, want %v", have.AllowMsgTTL, want.AllowMsgTTL)
 	}
@@ -141,7 +152,7 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 // through which one node's executor reads its commands. One message in
 // flight at a time keeps commands for a node in order.
 func (b *Bus) ExecutorConsumer(ctx context.Context, node string) (jetstream.Consumer, error) {
-	name := "exec-" + b.id.Cluster + "-" + node
+	name := events.ExecutorConsumer(b.id.Cluster, node)
 	cfg := jetstream.ConsumerConfig{
 		Durable:       name,
 		Description:   "commands for " + node,

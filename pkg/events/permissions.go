@@ -1,0 +1,408 @@
+package events
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Bus permissions, derived from this contract rather than written by hand:
+// for one identity (a role on a host), the subjects it may publish and
+// subscribe to and the JetStream API calls it needs on the streams and
+// buckets it uses, and nothing else. `fanctl nats-config` turns these into
+// the nats-server authorization; a test fails when a type or subject of
+// this package has no publisher here.
+
+// Names of what fan keeps on JetStream. They are part of the operator-facing
+// contract (permissions, `nats stream view`), so they never change.
+const (
+	EventsStream   = "FAN_EVENTS"
+	CommandsStream = "FAN_CMD"
+	StateBucket    = "fan_state"
+)
+
+// ExecutorConsumer names the durable consumer through which one node's (or
+// DNS site's) executor reads its commands.
+func ExecutorConsumer(cluster, node string) string { return "exec-" + cluster + "-" + node }
+
+// InboxPrefix is where an identity receives replies (JetStream acks,
+// consumer deliveries, request replies). Each identity has its own, so one
+// cannot read what is delivered to another; clients pass it to the NATS
+// connection (nats.CustomInboxPrefix) and it is derived from the public key
+// they authenticate with, which both sides know.
+func InboxPrefix(publicKey string) string { return "_INBOX_" + publicKey }
+
+// BusRole is what an identity is allowed to be on the bus.
+type BusRole string
+
+const (
+	RoleProber     BusRole = "prober"
+	RoleArbiter    BusRole = "arbiter"
+	RoleIPMover    BusRole = "ipmover"
+	RoleReplicator BusRole = "replicator"
+	RoleScheduler  BusRole = "scheduler"
+	// RoleOperator runs fanctl: reads everything, asks the arbiter to act.
+	RoleOperator BusRole = "operator"
+	// RoleAuditor reads the trail and the state; it can change nothing.
+	RoleAuditor BusRole = "auditor"
+	// RoleAdmin provisions streams and buckets at install; it alone has
+	// create rights, and even it cannot purge, delete or reconfigure the
+	// audit stream.
+	RoleAdmin BusRole = "admin"
+)
+
+// Services are the roles that are fan daemons (the service name in their
+// announcements and status subjects is the role).
+var Services = []BusRole{RoleProber, RoleArbiter, RoleIPMover, RoleReplicator, RoleScheduler}
+
+// Roles lists every role.
+func Roles() []BusRole {
+	return append(slices.Clone(Services), RoleOperator, RoleAuditor, RoleAdmin)
+}
+
+// Identity is one credential on the bus.
+type Identity struct {
+	Cluster string
+	BusRole BusRole
+	// Name is the host (a PBX node's name for prober, ipmover and
+	// replicator on a node; the control host's name otherwise) or, for
+	// operators and auditors, the person.
+	Name string
+	// Executes lists the nodes whose commands an ipmover carries out: its
+	// own node by default, or the DNS sites of a DNS executor.
+	Executes []string
+	// Relays lists nodes without a prober whose heartbeats the arbiter
+	// receives over HTTP and publishes for them.
+	Relays []string
+	// PublicKey is the identity's nkey; when set, replies go to its own
+	// inbox (InboxPrefix) instead of the shared _INBOX.
+	PublicKey string
+}
+
+// Rule is an allow and a deny list of subjects.
+type Rule struct {
+	Allow []string `json:"allow,omitempty"`
+	Deny  []string `json:"deny,omitempty"`
+}
+
+// Permissions are what nats-server enforces for one identity.
+type Permissions struct {
+	Publish   Rule
+	Subscribe Rule
+	// AllowResponses lets a service answer a request it received (one
+	// reply) without any publish right on the requester's inbox.
+	AllowResponses bool
+}
+
+// Scopes of a publisher's subjects.
+type scope int
+
+const (
+	scopeOwnNode  scope = iota // the subject names the identity's own node
+	scopeExecuted              // the subject names a node the ipmover executes for
+	scopeRelayed               // the subject names a node the arbiter relays for
+	scopeCluster               // any subject of the kind in the cluster
+)
+
+// publisher says who publishes a type and on which of its subjects.
+type publisher struct {
+	role    BusRole
+	scope   scope
+	subject func(cluster, node string) string // node is "*" for scopeCluster
+}
+
+func perNode(f func(cluster, node string) string) func(string, string) string { return f }
+
+func perCluster(f func(cluster, x string) string) func(string, string) string {
+	return func(cluster, _ string) string { return f(cluster, "*") }
+}
+
+func commandOf(verb string) func(string, string) string {
+	return func(cluster, _ string) string { return CommandSubject(cluster, "*", verb) }
+}
+
+func clusterOnly(f func(cluster string) string) func(string, string) string {
+	return func(cluster, _ string) string { return f(cluster) }
+}
+
+// publishers is the table of who publishes each event type. A type missing
+// here has no publisher on a bus with permissions; TestPermissionsCover
+// fails for it. ServiceAnnounce is published by every service for itself
+// and is handled apart.
+var publishers = map[Type][]publisher{
+	TypeProbeResult:      {{RoleProber, scopeOwnNode, perNode(ProbeResultSubject)}},
+	TypeHealthTransition: {{RoleProber, scopeOwnNode, perNode(HealthSubject)}},
+	TypeNodeHeartbeat: {
+		{RoleProber, scopeOwnNode, perNode(HeartbeatSubject)},
+		{RoleArbiter, scopeRelayed, perNode(HeartbeatSubject)},
+	},
+	TypeArbiterDecision:     {{RoleArbiter, scopeCluster, perCluster(DecisionSubject)}},
+	TypeClaimIP:             {{RoleArbiter, scopeCluster, commandOf(VerbClaim)}},
+	TypeReleaseIP:           {{RoleArbiter, scopeCluster, commandOf(VerbRelease)}},
+	TypeAnswerPBX:           {{RoleArbiter, scopeCluster, commandOf(VerbAnswer)}},
+	TypeCommandResult:       {{RoleIPMover, scopeExecuted, perNode(CommandResultSubject)}},
+	TypeFailbackPermit:      {{RoleScheduler, scopeCluster, perCluster(PermitSubject)}},
+	TypeReplicationStatus:   {{RoleReplicator, scopeOwnNode, perNode(ReplicationSubject)}},
+	TypeReplicationApplied:  {{RoleReplicator, scopeOwnNode, perNode(ReplicationAppliedSubject)}},
+	TypeReplicationAlarm:    {{RoleReplicator, scopeOwnNode, perNode(ReplicationAlarmSubject)}},
+	TypeReplicationConflict: {{RoleReplicator, scopeOwnNode, perNode(ReplicationConflictSubject)}},
+	TypeNodePresence:        {{RoleArbiter, scopeCluster, perCluster(PresenceSubject)}},
+	TypeAddressConflict:     {{RoleIPMover, scopeExecuted, perNode(AddressConflictSubject)}},
+	TypeAddressCorrection:   {{RoleIPMover, scopeExecuted, perNode(AddressCorrectionSubject)}},
+	TypeDispatcherWeights:   {{RoleArbiter, scopeCluster, perCluster(WeightsSubject)}},
+	TypeOperatorAction:      {{RoleArbiter, scopeCluster, clusterOnly(OperatorActionSubject)}},
+}
+
+// Publishers names the roles that publish a type (for documentation and
+// tests); nil for a type nobody may publish.
+func Publishers(t Type) []BusRole {
+	if t == TypeServiceAnnounce {
+		return slices.Clone(Services)
+	}
+	var out []BusRole
+	for _, p := range publishers[t] {
+		if !slices.Contains(out, p.role) {
+			out = append(out, p.role)
+		}
+	}
+	return out
+}
+
+// JetStream API and internal subjects the permissions are made of.
+const (
+	jsAPI = "$JS.API"
+	jsAck = "$JS.ACK"
+	jsFC  = "$JS.FC"
+)
+
+func kvStream(bucket string) string  { return "KV_" + bucket }
+func objStream(bucket string) string { return "OBJ_" + bucket }
+
+// KVSubject is the subject a KV put of key in bucket is published on.
+func KVSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
+
+// streamRead is what reading a stream with ordered (ephemeral, randomly
+// named) consumers and direct gets needs.
+func streamRead(stream string) []string {
+	return []string{
+		jsAPI + ".STREAM.INFO." + stream,
+		jsAPI + ".CONSUMER.CREATE." + stream + ".>",
+		jsAPI + ".CONSUMER.INFO." + stream + ".*",
+		jsAPI + ".CONSUMER.DELETE." + stream + ".*",
+		jsAPI + ".CONSUMER.MSG.NEXT." + stream + ".*",
+		jsAPI + ".DIRECT.GET." + stream,
+		jsAPI + ".DIRECT.GET." + stream + ".>",
+		jsAPI + ".STREAM.MSG.GET." + stream,
+		jsFC + "." + stream + ".>",
+	}
+}
+
+// executorConsumer is what one executor needs to read its own commands and
+// nothing else: the consumer's name and filter are part of the create
+// subject, so it cannot make a consumer on another node's commands.
+func executorConsumer(cluster, node string) []string {
+	name := ExecutorConsumer(cluster, node)
+	return []string{
+		jsAPI + ".CONSUMER.CREATE." + CommandsStream + "." + name + "." + NodeCommands(cluster, node),
+		jsAPI + ".CONSUMER.INFO." + CommandsStream + "." + name,
+		jsAPI + ".CONSUMER.MSG.NEXT." + CommandsStream + "." + name,
+		jsAck + "." + CommandsStream + "." + name + ".>",
+	}
+}
+
+// objectStoreUse is what the replicator does on an object store: read,
+// write and delete objects (a delete purges the object's chunks), but not
+// create, reconfigure or delete the store.
+func objectStoreUse(bucket string) []string {
+	return append(streamRead(objStream(bucket)),
+		"$O."+bucket+".>",
+		jsAPI+".STREAM.PURGE."+objStream(bucket),
+	)
+}
+
+// auditProtected are the API calls nobody may make on the audit stream:
+// purge, delete, deleting a message, or reconfiguring it (a shorter max age
+// would purge it too). Changing its settings is a server operator's act.
+func auditProtected() []string {
+	return []string{
+		jsAPI + ".STREAM.PURGE." + EventsStream,
+		jsAPI + ".STREAM.DELETE." + EventsStream,
+		jsAPI + ".STREAM.MSG.DELETE." + EventsStream,
+		jsAPI + ".STREAM.UPDATE." + EventsStream,
+	}
+}
+
+// Permissions returns what the identity may do on the bus.
+func (id Identity) Permissions() (Permissions, error) {
+	if err := ValidToken("cluster", id.Cluster); err != nil {
+		return Permissions{}, err
+	}
+	if err := ValidToken("name", id.Name); err != nil {
+		return Permissions{}, err
+	}
+	if !slices.Contains(Roles(), id.BusRole) {
+		return Permissions{}, fmt.Errorf("%w: role %q", ErrInvalidField, id.BusRole)
+	}
+	executes := id.Executes
+	if len(executes) == 0 && id.BusRole == RoleIPMover {
+		executes = []string{id.Name}
+	}
+	for _, n := range append(slices.Clone(executes), id.Relays...) {
+		if err := ValidToken("node", n); err != nil {
+			return Permissions{}, err
+		}
+	}
+	cl := id.Cluster
+	var p Permissions
+	pub := func(s ...string) { p.Publish.Allow = append(p.Publish.Allow, s...) }
+	sub := func(s ...string) { p.Subscribe.Allow = append(p.Subscribe.Allow, s...) }
+
+	// Replies: JetStream acks, consumer deliveries and request replies.
+	if id.PublicKey != "" {
+		sub(InboxPrefix(id.PublicKey) + ".>")
+	} else {
+		sub("_INBOX.>")
+	}
+
+	// Events this role publishes, from the table.
+	for _, t := range Types() {
+		for _, pb := range publishers[t] {
+			if pb.role != id.BusRole {
+				continue
+			}
+			switch pb.scope {
+			case scopeOwnNode:
+				pub(pb.subject(cl, id.Name))
+			case scopeExecuted:
+				for _, n := range executes {
+					pub(pb.subject(cl, n))
+				}
+			case scopeRelayed:
+				for _, n := range id.Relays {
+					pub(pb.subject(cl, n))
+				}
+			case scopeCluster:
+				pub(pb.subject(cl, "*"))
+			}
+		}
+	}
+
+	isService := slices.Contains(Services, id.BusRole)
+	if isService {
+		pub(AnnounceSubject(cl, string(id.BusRole), id.Name))
+		// The status endpoint (NATS micro) and its discovery subjects;
+		// answers go out through AllowResponses.
+		sub(ServiceStatusSubject(cl, string(id.BusRole), id.Name), "$SRV.>")
+		p.AllowResponses = true
+		// Every service opens the streams and the bucket at start to
+		// check they exist (creating them is the admin's job).
+		pub(jsAPI+".INFO",
+			jsAPI+".STREAM.INFO."+EventsStream,
+			jsAPI+".STREAM.INFO."+CommandsStream,
+			jsAPI+".STREAM.INFO."+kvStream(StateBucket))
+	}
+
+	switch id.BusRole {
+	case RoleProber:
+		pub(BeaconSubject(cl, id.Name))
+	case RoleArbiter:
+		pub(LeaseSubject(cl, "*"))
+		sub(OperatorRequestSubject(cl), AllBeacons(cl))
+		pub(streamRead(EventsStream)...)
+		pub(streamRead(kvStream(StateBucket))...)
+		// The lease and outstanding claims are read back from the command
+		// stream by message (no consumer).
+		pub(jsAPI+".STREAM.MSG.GET."+CommandsStream,
+			jsAPI+".DIRECT.GET."+CommandsStream,
+			jsAPI+".DIRECT.GET."+CommandsStream+".>")
+		pub(KVSubject(StateBucket, ArbiterStateKey(cl)),
+			KVSubject(StateBucket, AllGroupStatusKeys(cl)),
+			KVSubject(StateBucket, AllRegistryKeys(cl)))
+		// Leader step-downs of fan's streams and consumers (the meta
+		// leader's needs the system account, a separate identity).
+		for _, s := range []string{EventsStream, CommandsStream, kvStream(StateBucket)} {
+			pub(jsAPI+".STREAM.LEADER.STEPDOWN."+s, jsAPI+".CONSUMER.LEADER.STEPDOWN."+s+".*")
+		}
+	case RoleIPMover:
+		pub(streamRead(EventsStream)...)
+		pub(streamRead(kvStream(StateBucket))...)
+		for _, n := range executes {
+			pub(executorConsumer(cl, n)...)
+		}
+	case RoleReplicator:
+		pub(streamRead(EventsStream)...)
+		pub(streamRead(kvStream(StateBucket))...)
+		pub(objectStoreUse(ReplBlobBucket)...)
+		pub(objectStoreUse(ReplManifestBucket)...)
+	case RoleScheduler:
+		pub(streamRead(EventsStream)...)
+		pub(streamRead(kvStream(StateBucket))...)
+		pub(KVSubject(StateBucket, ScheduleKey(cl)))
+	case RoleOperator, RoleAuditor:
+		pub(jsAPI + ".INFO")
+		pub(streamRead(EventsStream)...)
+		pub(streamRead(kvStream(StateBucket))...)
+		pub(jsAPI+".STREAM.INFO."+CommandsStream, jsAPI+".STREAM.LIST", jsAPI+".STREAM.NAMES")
+		pub(ServiceStatusSubject(cl, "*", "*"), "$SRV.>")
+		if id.BusRole == RoleOperator {
+			pub(OperatorRequestSubject(cl))
+		}
+	case RoleAdmin:
+		pub(jsAPI+".>", "$KV.>", "$O.>", jsFC+".>")
+		p.Publish.Deny = append(p.Publish.Deny, auditProtected()...)
+	}
+	// Nobody but the admin calls the JetStream API beyond the above; the
+	// audit stream's protection is also stated as a deny for every role,
+	// so that a mistake in an allow list cannot open it.
+	if id.BusRole != RoleAdmin {
+		p.Publish.Deny = append(p.Publish.Deny, auditProtected()...)
+	}
+	p.Publish.Allow = dedupe(p.Publish.Allow)
+	p.Subscribe.Allow = dedupe(p.Subscribe.Allow)
+	return p, nil
+}
+
+func dedupe(s []string) []string {
+	out := make([]string, 0, len(s))
+	for _, v := range s {
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// SubjectMatches reports whether a literal subject matches a pattern with
+// NATS wildcards (* one token, > one or more trailing tokens).
+func SubjectMatches(pattern, subject string) bool {
+	pt := strings.Split(pattern, ".")
+	st := strings.Split(subject, ".")
+	for i, p := range pt {
+		if p == ">" {
+			return len(st) > i
+		}
+		if i >= len(st) {
+			return false
+		}
+		if p != "*" && p != st[i] {
+			return false
+		}
+	}
+	return len(pt) == len(st)
+}
+
+// Allows reports whether the rule lets subject through: allowed by some
+// pattern and denied by none.
+func (r Rule) Allows(subject string) bool {
+	for _, d := range r.Deny {
+		if SubjectMatches(d, subject) {
+			return false
+		}
+	}
+	for _, a := range r.Allow {
+		if SubjectMatches(a, subject) {
+			return true
+		}
+	}
+	return false
+}
