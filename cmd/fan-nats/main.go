@@ -1,16 +1,18 @@
 // Command fan-nats runs the real nats-server with JetStream, embedded in a
-// small fan binary, for labs and images that cannot pull a NATS image.
-// Production uses a regular three-node NATS cluster instead.
+// small fan binary: alone for a lab, or as one member of a three-server
+// cluster (-cluster-name, -cluster-listen, -routes) for production. The
+// stock nats-server works as well.
 package main
 
 import (
 	"context"
-	"flag"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/fanpbx/fan/cmd/internal/natsconf"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 )
@@ -18,23 +20,25 @@ import (
 var version = "dev"
 
 func main() {
-	fs := flag.NewFlagSet("fan-nats", flag.ContinueOnError)
-	listen := fs.String("listen", "127.0.0.1:4222", "client address (host:port)")
-	store := fs.String("store", "/var/lib/fan/nats", "JetStream store directory")
-	name := fs.String("name", "fan-nats", "server name")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	e, err := natsconf.Parse(os.Args[1:], os.Stderr)
+	if errors.Is(err, natsconf.ErrUsage) {
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fan-nats:", err)
 		os.Exit(2)
 	}
 	log, _ := daemon.NewLogger(os.Stderr, "info", "json")
 	log = log.With("service", "fan-nats")
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv, err := bus.StartEmbedded(bus.Embedded{StoreDir: *store, Listen: *listen, ServerName: *name}, log)
+	srv, err := bus.StartEmbedded(e, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fan-nats:", err)
 		os.Exit(1)
 	}
-	log.Info("ready", "url", srv.ClientURL(), "version", version)
+	log.Info("ready", "url", srv.ClientURL(), "server_name", e.ServerName, "cluster", e.Cluster.Name,
+		"routes", e.Cluster.Routes, "version", version)
 	<-ctx.Done()
 	srv.Shutdown()
 	srv.WaitForShutdown()

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -47,13 +48,89 @@ type TLSConfig struct {
 	Key  string `yaml:"key"`
 }
 
-// Embedded configures an in-process nats-server with JetStream.
+// Embedded configures an in-process nats-server with JetStream: alone, or
+// as one member of a cluster (Cluster.Name set), which is how fan-nats runs
+// the three servers of a production bus.
 type Embedded struct {
 	StoreDir string `yaml:"store_dir"`
 	// Listen, when set (host:port), also serves other processes; empty
 	// means in-process connections only.
-	Listen     string `yaml:"listen"`
+	Listen string `yaml:"listen"`
+	// ServerName must be unique in a cluster: raft groups and leader
+	// placement (bus.leader_servers) name servers by it.
 	ServerName string `yaml:"server_name"`
+	// Tags label the server for JetStream placement (for example
+	// "host:witness"); JetStream ignores them without a placement request.
+	Tags    []string        `yaml:"tags"`
+	Cluster EmbeddedCluster `yaml:"cluster"`
+}
+
+// EmbeddedCluster joins the embedded server to a NATS cluster. The zero
+// value means a standalone server.
+type EmbeddedCluster struct {
+	// Name is the cluster's name, the same on every member.
+	Name string `yaml:"name"`
+	// Listen is the route address (host:port) the other members dial.
+	Listen string `yaml:"listen"`
+	// Routes are the other members' route addresses (host:port or
+	// nats-route://host:port); listing this server's own is harmless.
+	Routes []string `yaml:"routes"`
+}
+
+// Validate checks an embedded server's settings; key names are relative to
+// prefix (bus.embedded in a service, the config file's top in fan-nats).
+func (e *Embedded) Validate(prefix string) error {
+	key := func(k string) string {
+		if prefix == "" {
+			return k
+		}
+		return prefix + "." + k
+	}
+	if e.StoreDir == "" {
+		return config.Errf(key("store_dir"), "required")
+	}
+	if e.Listen != "" {
+		if _, _, err := splitHostPort(e.Listen); err != nil {
+			return config.Errf(key("listen"), "want host:port: %v", err)
+		}
+	}
+	c := e.Cluster
+	if c.Name == "" {
+		if c.Listen != "" || len(c.Routes) > 0 {
+			return config.Errf(key("cluster.name"), "required with cluster.listen or cluster.routes")
+		}
+		return nil
+	}
+	if c.Listen == "" {
+		return config.Errf(key("cluster.listen"), "required in a cluster")
+	}
+	if _, _, err := splitHostPort(c.Listen); err != nil {
+		return config.Errf(key("cluster.listen"), "want host:port: %v", err)
+	}
+	if e.ServerName == "" {
+		return config.Errf(key("server_name"), "required in a cluster (unique per server)")
+	}
+	for i, r := range c.Routes {
+		if _, err := routeURL(r); err != nil {
+			return config.Errf(fmt.Sprintf("%s[%d]", key("cluster.routes"), i), "%v", err)
+		}
+	}
+	return nil
+}
+
+// routeURL accepts host:port or a nats-route:// URL.
+func routeURL(r string) (*url.URL, error) {
+	if !strings.Contains(r, "://") {
+		r = "nats-route://" + r
+	}
+	u, err := url.Parse(r)
+	if err != nil {
+		return nil, err
+	}
+	if u.Host == "" || u.Port() == "" {
+		return nil, fmt.Errorf("route %q: want host:port", r)
+	}
+	return u, nil
 }
 
 // Defaults fills unset fields.
@@ -74,8 +151,10 @@ func (c *Config) Validate() error {
 	if (c.URL == "") == (c.Embedded == nil) {
 		return config.Errf("bus", "set exactly one of bus.url or bus.embedded")
 	}
-	if c.Embedded != nil && c.Embedded.StoreDir == "" {
-		return config.Errf("bus.embedded.store_dir", "required")
+	if c.Embedded != nil {
+		if err := c.Embedded.Validate("bus.embedded"); err != nil {
+			return err
+		}
 	}
 	if c.Creds != "" && c.NKeySeed != "" {
 		return config.Errf("bus.creds", "set bus.creds or bus.nkey_seed, not both")
@@ -248,6 +327,10 @@ func (b *Bus) shutdownServer() {
 	}
 }
 
+// routePingInterval is how often a cluster member pings each route; two
+// unanswered pings close it.
+const routePingInterval = 2 * time.Second
+
 // StartEmbedded starts the real nats-server with JetStream in this process.
 func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 	if err := os.MkdirAll(e.StoreDir, 0o750); err != nil {
@@ -271,6 +354,27 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 			return nil, fmt.Errorf("embedded nats listen %q: %w", e.Listen, err)
 		}
 		opts.Host, opts.Port = host, port
+	}
+	opts.Tags = append(opts.Tags, e.Tags...)
+	if c := e.Cluster; c.Name != "" {
+		if err := e.Validate(""); err != nil {
+			return nil, fmt.Errorf("embedded nats: %w", err)
+		}
+		host, port, err := splitHostPort(c.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("embedded nats cluster listen %q: %w", c.Listen, err)
+		}
+		opts.Cluster.Name, opts.Cluster.Host, opts.Cluster.Port = c.Name, host, port
+		// A dead member's route is noticed by its pings going unanswered;
+		// the 2 min default would keep a cut-off server looking routed.
+		opts.Cluster.PingInterval, opts.Cluster.MaxPingsOut = routePingInterval, 2
+		for _, r := range c.Routes {
+			u, err := routeURL(r)
+			if err != nil {
+				return nil, fmt.Errorf("embedded nats: %w", err)
+			}
+			opts.Routes = append(opts.Routes, u)
+		}
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {

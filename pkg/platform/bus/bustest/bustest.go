@@ -4,7 +4,13 @@ package bustest
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"net"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -45,4 +51,166 @@ func Connect(t testing.TB, s *server.Server, id bus.Identity) *bus.Bus {
 		t.Fatalf("provision: %v", err)
 	}
 	return b
+}
+
+// Cluster starts a JetStream cluster of len(names) servers on loopback,
+// through bus.StartEmbedded as fan-nats does, each server named after its
+// entry in names. It returns once the servers are routed to one another and
+// JetStream has a meta leader, and stops them when the test ends. Servers
+// shut down by the test stay down; Restart brings one back.
+func Cluster(t testing.TB, names ...string) *TestCluster {
+	t.Helper()
+	c := &TestCluster{t: t, specs: map[string]bus.Embedded{}, Servers: map[string]*server.Server{}}
+	routes := make([]string, len(names))
+	clientPorts := make([]int, len(names))
+	for i := range names {
+		routes[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		clientPorts[i] = freePort(t)
+	}
+	for i, name := range names {
+		c.Names = append(c.Names, name)
+		c.specs[name] = bus.Embedded{
+			StoreDir:   filepath.Join(t.TempDir(), name),
+			Listen:     fmt.Sprintf("127.0.0.1:%d", clientPorts[i]),
+			ServerName: name,
+			Cluster:    bus.EmbeddedCluster{Name: "fan-test", Listen: routes[i], Routes: routes},
+		}
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(names))
+	for i, name := range names {
+		wg.Go(func() { errs[i] = c.start(name) })
+	}
+	wg.Wait()
+	t.Cleanup(func() {
+		for _, s := range c.Servers {
+			s.Shutdown()
+			s.WaitForShutdown()
+		}
+	})
+	if err := errors.Join(errs...); err != nil {
+		t.Fatal(err)
+	}
+	c.WaitMetaLeader()
+	return c
+}
+
+// TestCluster is a running test cluster.
+type TestCluster struct {
+	t       testing.TB
+	specs   map[string]bus.Embedded
+	mu      sync.Mutex
+	Names   []string
+	Servers map[string]*server.Server
+}
+
+func (c *TestCluster) start(name string) error {
+	s, err := bus.StartEmbedded(c.specs[name], slog.New(slog.DiscardHandler))
+	if err != nil {
+		return fmt.Errorf("start %s: %w", name, err)
+	}
+	c.mu.Lock()
+	c.Servers[name] = s
+	c.mu.Unlock()
+	return nil
+}
+
+// URL lists every member's client address, in the order of names given
+// (the first one first), as a service's bus.url does.
+func (c *TestCluster) URL(names ...string) string {
+	if len(names) == 0 {
+		names = c.Names
+	}
+	var urls []string
+	for _, n := range names {
+		urls = append(urls, "nats://"+c.specs[n].Listen)
+	}
+	return strings.Join(urls, ",")
+}
+
+// Stop shuts one member down (its store stays for Restart).
+func (c *TestCluster) Stop(name string) {
+	c.mu.Lock()
+	s := c.Servers[name]
+	delete(c.Servers, name)
+	c.mu.Unlock()
+	if s != nil {
+		s.Shutdown()
+		s.WaitForShutdown()
+	}
+}
+
+// Restart starts a stopped member again on its address and store.
+func (c *TestCluster) Restart(name string) {
+	c.t.Helper()
+	if err := c.start(name); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// WaitMetaLeader waits until every running member knows the same JetStream
+// meta leader, and returns its name.
+func (c *TestCluster) WaitMetaLeader() string {
+	c.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		c.mu.Lock()
+		leaders := map[string]bool{}
+		ready := true
+		for _, s := range c.Servers {
+			jsz, err := s.Jsz(nil)
+			if err != nil || jsz.Meta == nil || jsz.Meta.Leader == "" {
+				ready = false
+				break
+			}
+			// The leader must see every other running member as current.
+			if s.JetStreamIsLeader() {
+				current := 1
+				for _, p := range jsz.Meta.Replicas {
+					if p.Current && !p.Offline {
+						current++
+					}
+				}
+				if current < len(c.Servers) {
+					ready = false
+					break
+				}
+			}
+			leaders[jsz.Meta.Leader] = true
+		}
+		c.mu.Unlock()
+		if ready && len(leaders) == 1 {
+			for l := range leaders {
+				return l
+			}
+		}
+		if time.Now().After(deadline) {
+			var seen []string
+			c.mu.Lock()
+			for name, s := range c.Servers {
+				jsz, err := s.Jsz(nil)
+				switch {
+				case err != nil:
+					seen = append(seen, fmt.Sprintf("%s: %v", name, err))
+				case jsz.Meta == nil:
+					seen = append(seen, fmt.Sprintf("%s: no meta group (routes %d)", name, s.NumRoutes()))
+				default:
+					seen = append(seen, fmt.Sprintf("%s: leader %q size %d routes %d", name, jsz.Meta.Leader, jsz.Meta.Size, s.NumRoutes()))
+				}
+			}
+			c.mu.Unlock()
+			c.t.Fatalf("no JetStream meta leader agreed by %v within 30s: %s", c.Names, strings.Join(seen, "; "))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func freePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("free port: %v", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
 }
