@@ -23,7 +23,10 @@ type Status struct {
 	Ready         bool         `json:"ready"`
 	BusConnected  bool         `json:"bus_connected"`
 	Loops         []LoopStatus `json:"loops"`
-	// Healthy is what /healthz answers: ready, on the bus, no stale loop.
+	// Conditions are the raised ones (see Conditions).
+	Conditions []Condition `json:"conditions,omitempty"`
+	// Healthy is what /healthz answers: ready, on the bus, no stale loop,
+	// no raised condition.
 	Healthy bool `json:"healthy"`
 }
 
@@ -34,8 +37,9 @@ func (rt *Runtime) Status() Status {
 		Service: rt.service, Cluster: rt.common.Cluster, Node: rt.common.Node, Version: rt.version,
 		Started: rt.started, UptimeSeconds: time.Since(rt.started).Seconds(),
 		Ready: rt.ready.Load(), BusConnected: rt.Bus != nil && rt.Bus.NC.IsConnected(), Loops: loops,
+		Conditions: rt.Conditions.Raised(),
 	}
-	st.Healthy = st.Ready && st.BusConnected && len(staleNames(loops)) == 0
+	st.Healthy = st.Ready && st.BusConnected && len(staleNames(loops)) == 0 && len(st.Conditions) == 0
 	return st
 }
 

@@ -55,14 +55,17 @@ type Runtime struct {
 	Bus     *bus.Bus
 	Log     *slog.Logger
 	Metrics *prometheus.Registry
-	common  Common
-	service string
-	version string
-	ready   atomic.Bool
-	http    *http.Server
-	sup     *supervisor
-	micro   micro.Service
-	started time.Time
+	// Conditions are raised by any part of the service that cannot do its
+	// whole job; /healthz fails while one is raised.
+	Conditions *Conditions
+	common     Common
+	service    string
+	version    string
+	ready      atomic.Bool
+	http       *http.Server
+	sup        *supervisor
+	micro      micro.Service
+	started    time.Time
 }
 
 // Start connects to the bus, provisions fan's streams, serves /metrics and
@@ -70,14 +73,14 @@ type Runtime struct {
 // tells systemd it is ready. Close undoes it in reverse.
 func Start(ctx context.Context, c Common, service, version string, log *slog.Logger) (*Runtime, error) {
 	rt := &Runtime{Log: log, common: c, service: service, version: version, Metrics: prometheus.NewRegistry(),
-		sup: supervisorFrom(ctx, log), started: time.Now()}
+		sup: supervisorFrom(ctx, log), started: time.Now(), Conditions: NewConditions(log)}
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "fan_build_info", Help: "Always 1; labels name the service, node and version.",
 		ConstLabels: prometheus.Labels{"service": service, "node": c.Node, "cluster": c.Cluster, "version": version},
 	})
 	build.Set(1)
 	rt.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		build, rt.sup.reloads, rt.sup.pings, newLoopCollector(rt.sup))
+		build, rt.sup.reloads, rt.sup.pings, newLoopCollector(rt.sup), newConditionCollector(rt.Conditions))
 	rt.sup.send("STATUS=connecting to the bus")
 	if c.HTTPListen != "" {
 		if err := rt.serveHTTP(c.HTTPListen); err != nil {
@@ -155,6 +158,10 @@ func (rt *Runtime) serveHTTP(addr string) error {
 		default:
 			if stale := staleNames(rt.sup.loopStatus()); len(stale) > 0 {
 				http.Error(w, "silent loops: "+strings.Join(stale, ", "), http.StatusServiceUnavailable)
+				return
+			}
+			if cs := rt.Conditions.Raised(); len(cs) > 0 {
+				http.Error(w, describeConditions(cs), http.StatusServiceUnavailable)
 				return
 			}
 			_, _ = w.Write([]byte("ok\n"))
