@@ -52,7 +52,11 @@ func (c *Common) Validate() error {
 
 // Runtime is what a running service shares with its components.
 type Runtime struct {
-	Bus     *bus.Bus
+	Bus *bus.Bus
+	// Outbox publishes what must not be lost while a stream has no leader
+	// (health transitions, decisions, command results): Post returns at once
+	// and the event is retried until stored or superseded. Close drains it.
+	Outbox  *bus.Outbox
 	Log     *slog.Logger
 	Metrics *prometheus.Registry
 	// Conditions are raised by any part of the service that cannot do its
@@ -98,6 +102,8 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 		rt.stopHTTP()
 		return nil, err
 	}
+	rt.Outbox = bus.NewOutbox(b, bus.OutboxConfig{}, log)
+	rt.Metrics.MustRegister(rt.Outbox)
 	// Discovery is for operators: a server that refuses it (permissions)
 	// must not stop a failover service from running.
 	if err := rt.startDiscovery(); err != nil {
@@ -128,6 +134,13 @@ func (rt *Runtime) Close(ctx context.Context) {
 	rt.ready.Store(false)
 	rt.sup.send(NotifyStopping, "STATUS=stopping")
 	rt.stopDiscovery()
+	// Half the shutdown budget goes to what is still waiting to be stored;
+	// the rest to the announcement and draining the connection.
+	octx, cancel := context.WithTimeout(ctx, rt.common.ShutdownTimeout.D()/2)
+	if err := rt.Outbox.Close(octx); err != nil {
+		rt.Log.Warn("outbox not drained", "err", err)
+	}
+	cancel()
 	rt.announce(ctx, events.ServiceStopping)
 	rt.Bus.Close()
 	rt.stopHTTP()
