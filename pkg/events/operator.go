@@ -3,6 +3,8 @@ package events
 import (
 	"fmt"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Operator actions: an operator asks the arbiter leader over NATS
@@ -42,6 +44,15 @@ func (v OperatorVerb) valid() bool {
 	return false
 }
 
+// Bounds of an operator request's free text. A request is small; one that
+// is not is a mistake or an attack, and is refused before anything is done
+// (the whole request must fit, recorded, in one audit event).
+const (
+	MaxReasonChars  = 500
+	MaxCommentChars = 200
+	MaxOperatorLen  = 64
+)
+
 // OperatorRequest is the body of a request on OperatorRequestSubject. It is
 // not an event: the arbiter turns it into an OperatorAction.
 type OperatorRequest struct {
@@ -52,13 +63,43 @@ type OperatorRequest struct {
 	// Node is the switchover target, or the node put in standby or back.
 	Node   string `json:"node,omitempty"`
 	Reason string `json:"reason,omitempty"`
-	// Operator says who asked (user@host as fanctl sends it). The bus's
-	// credentials decide who may ask at all; this names the person.
+	// Operator names who asked. The arbiter does not believe it: it
+	// records the operator whose request subject the request arrived on
+	// (OperatorFromSubject), which the bus's permissions bind to that
+	// operator's credentials.
 	Operator string `json:"operator"`
+	// Comment is free text the operator adds (fanctl --as), recorded as a
+	// comment and never as who asked.
+	Comment string `json:"comment,omitempty"`
 }
 
-// Validate checks the request's shape; whether it can be done is the arbiter's call.
+// Validate checks the request's shape and bounds; whether it can be done is
+// the arbiter's call.
 func (r OperatorRequest) Validate() error {
+	if err := r.validateShape(); err != nil {
+		return err
+	}
+	if n := utf8.RuneCountInString(r.Reason); n > MaxReasonChars {
+		return fmt.Errorf("%w: reason is %d characters, at most %d are recorded", ErrInvalidField, n, MaxReasonChars)
+	}
+	if n := utf8.RuneCountInString(r.Comment); n > MaxCommentChars {
+		return fmt.Errorf("%w: comment (--as) is %d characters, at most %d are recorded", ErrInvalidField, n, MaxCommentChars)
+	}
+	if len(r.Operator) > MaxOperatorLen {
+		return fmt.Errorf("%w: operator is %d bytes, at most %d", ErrInvalidField, len(r.Operator), MaxOperatorLen)
+	}
+	for field, v := range map[string]string{"reason": r.Reason, "comment": r.Comment, "operator": r.Operator} {
+		if !utf8.ValidString(v) || strings.ContainsFunc(v, unicode.IsControl) {
+			return fmt.Errorf("%w: %s holds control characters or invalid UTF-8", ErrInvalidField, field)
+		}
+	}
+	return nil
+}
+
+// validateShape checks what every request and every recorded action must
+// have. Recorded actions are not held to the request bounds, which came
+// later: a trail written before them still decodes.
+func (r OperatorRequest) validateShape() error {
 	if !r.Verb.valid() {
 		return fmt.Errorf("%w: verb %q", ErrInvalidField, r.Verb)
 	}
@@ -97,14 +138,30 @@ type OperatorReply struct {
 // OperatorAction records an operator's request and what the arbiter did
 // with it, accepted or not.
 type OperatorAction struct {
-	Verb     OperatorVerb `json:"verb"`
-	Group    string       `json:"group,omitempty"`
-	Node     string       `json:"node,omitempty"`
-	Reason   string       `json:"reason,omitempty"`
-	Operator string       `json:"operator"`
-	Accepted bool         `json:"accepted"`
-	Outcome  string       `json:"outcome"`
+	Verb   OperatorVerb `json:"verb"`
+	Group  string       `json:"group,omitempty"`
+	Node   string       `json:"node,omitempty"`
+	Reason string       `json:"reason,omitempty"`
+	// Operator is who asked: the operator of the request subject.
+	Operator string `json:"operator"`
+	// Comment is the requester's free text (fanctl --as), kept apart from
+	// Operator.
+	Comment  string `json:"comment,omitempty"`
+	Accepted bool   `json:"accepted"`
+	Outcome  string `json:"outcome"`
+	// Stage is StageRequested on the record the arbiter stores before it
+	// acts on a request (it refuses a request it cannot record), and empty
+	// on the record of what it did, which is caused by the first.
+	Stage string `json:"stage,omitempty"`
 }
+
+// StageRequested marks an OperatorAction that records a request before
+// anything is done about it.
+const StageRequested = "requested"
+
+// MaxRequestBytes bounds an encoded OperatorRequest; the arbiter refuses a
+// bigger one before decoding it.
+const MaxRequestBytes = 4096
 
 func (OperatorAction) EventType() Type    { return TypeOperatorAction }
 func (OperatorAction) SchemaVersion() int { return 1 }
@@ -114,7 +171,7 @@ func (a OperatorAction) subject(e Envelope) string {
 
 func (a OperatorAction) Validate() error {
 	r := OperatorRequest{Verb: a.Verb, Group: a.Group, Node: a.Node, Reason: a.Reason, Operator: a.Operator}
-	if err := r.Validate(); err != nil {
+	if err := r.validateShape(); err != nil {
 		return err
 	}
 	if a.Outcome == "" {
@@ -123,9 +180,34 @@ func (a OperatorAction) Validate() error {
 	return nil
 }
 
-// OperatorRequestSubject is where the arbiter leader answers operator requests.
-func OperatorRequestSubject(cluster string) string {
-	return RequestRoot + "." + cluster + ".arbiter.operate"
+// OperatorRequestSubject is where one operator's requests go. The operator's
+// name is part of the subject so that the bus's permissions, which let each
+// operator's credentials publish only their own subject, make the name an
+// identity: the arbiter records the operator it reads from the subject, never
+// one a request names for itself.
+func OperatorRequestSubject(cluster, operator string) string {
+	return RequestRoot + "." + cluster + ".arbiter.operate." + operator
+}
+
+// AllOperatorRequests matches every operator's requests in a cluster (what
+// the arbiter listens to).
+func AllOperatorRequests(cluster string) string {
+	return RequestRoot + "." + cluster + ".arbiter.operate.*"
+}
+
+// OperatorFromSubject returns the operator whose credentials sent a request
+// on subject, or an error when subject is not one operator's request subject
+// of cluster.
+func OperatorFromSubject(cluster, subject string) (string, error) {
+	prefix := RequestRoot + "." + cluster + ".arbiter.operate."
+	op, ok := strings.CutPrefix(subject, prefix)
+	if !ok {
+		return "", fmt.Errorf("%w: subject %q is not an operator request subject of cluster %s", ErrSubjectMismatch, subject, cluster)
+	}
+	if err := ValidToken("operator", op); err != nil {
+		return "", fmt.Errorf("%w: subject %q: %v", ErrSubjectMismatch, subject, err)
+	}
+	return op, nil
 }
 
 // OperatorActionSubject carries the record of every operator action.

@@ -32,7 +32,8 @@ commands:
   explain ID   the causal chain of an event, back to the probe results
   windows      the failback windows the scheduler will permit next
 
-operator actions (need --cluster; each is recorded with who asked, --as):
+operator actions (need --cluster and --operator, or a --config naming both;
+each is recorded as the operator whose credentials sent it; --as adds a comment):
   switchover --to NODE [--group G] [--reason TEXT]
   failback --now --reason TEXT [--group G]
   maintenance on|off [--group G] [--reason TEXT]   (no --group: the whole cluster)
@@ -54,9 +55,17 @@ func Main(args []string, stdout, stderr io.Writer, version string) int {
 	fs.StringVar(&cfg.TLS.Cert, "tls-cert", "", "client certificate file")
 	fs.StringVar(&cfg.TLS.Key, "tls-key", "", "client key file")
 	cluster := fs.String("cluster", os.Getenv("FAN_CLUSTER"), "cluster name (default: all clusters)")
+	operator := fs.String("operator", os.Getenv("FAN_OPERATOR"), "the operator whose credentials these are (operator actions are sent as, and recorded as, this operator)")
+	cfgPath := fs.String("config", os.Getenv("FANCTL_CONFIG"), "configuration file (url, creds, nkey_seed, tls, cluster, operator); the command line overrides it")
 	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the bus")
 	if err := fs.Parse(args); err != nil {
 		return 2
+	}
+	if *cfgPath != "" {
+		if err := applyConfig(fs, *cfgPath, &cfg, cluster, operator); err != nil {
+			fmt.Fprintln(stderr, "fanctl:", err)
+			return 2
+		}
 	}
 	if fs.NArg() == 0 {
 		fs.Usage()
@@ -89,7 +98,7 @@ func Main(args []string, stdout, stderr io.Writer, version string) int {
 	case "windows":
 		err = runWindows(ctx, rest, *cluster, connect, stdout, stderr)
 	case "switchover", "failback", "maintenance", "node":
-		err = runOperate(ctx, cmd, rest, *cluster, connect, stdout, stderr)
+		err = runOperate(ctx, cmd, rest, *cluster, *operator, connect, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "fanctl: unknown command %q\n", cmd)
 		fs.Usage()

@@ -7,27 +7,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"os"
-	"os/user"
 	"strings"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/nats-io/nats.go"
 )
-
-// whoAmI names the operator in every action: user@host, unless --as says otherwise.
-func whoAmI() string {
-	name := "unknown"
-	if u, err := user.Current(); err == nil && u.Username != "" {
-		name = u.Username
-	}
-	host, _ := os.Hostname()
-	if host == "" {
-		return name
-	}
-	return name + "@" + host
-}
 
 // operatorFlags are shared by every operator action.
 type operatorFlags struct {
@@ -37,9 +22,10 @@ type operatorFlags struct {
 
 func addOperatorFlags(fs *flag.FlagSet, withGroup bool) operatorFlags {
 	o := operatorFlags{
-		reason: fs.String("reason", "", "why (recorded in the audit trail)"),
-		as:     fs.String("as", whoAmI(), "who is asking (recorded)"),
-		wait:   fs.Duration("wait", 5*time.Second, "how long to wait for the arbiter leader's answer"),
+		reason: fs.String("reason", "", fmt.Sprintf("why (recorded in the audit trail; at most %d characters)", events.MaxReasonChars)),
+		as: fs.String("as", "", fmt.Sprintf("a comment recorded with the action (on whose behalf, a ticket; at most %d characters); "+
+			"who asked is always the operator of the credentials", events.MaxCommentChars)),
+		wait: fs.Duration("wait", 5*time.Second, "how long to wait for the arbiter leader's answer"),
 	}
 	g := ""
 	o.group = &g
@@ -66,7 +52,7 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
-func runOperate(ctx context.Context, cmd string, args []string, cluster string, connect connector, stdout, stderr io.Writer) error {
+func runOperate(ctx context.Context, cmd string, args []string, cluster, operator string, connect connector, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var req events.OperatorRequest
@@ -116,7 +102,14 @@ func runOperate(ctx context.Context, cmd string, args []string, cluster string, 
 			req.Verb = events.OpNodeActive
 		}
 	}
-	req.Group, req.Reason, req.Operator = *o.group, *o.reason, *o.as
+	if operator == "" {
+		return fmt.Errorf("%s: no operator identity: set operator: in fanctl's --config (FANCTL_CONFIG) or --operator (FAN_OPERATOR) "+
+			"to the operator whose credentials you use; the arbiter records the action as that operator", cmd)
+	}
+	if err := events.ValidToken("operator", operator); err != nil {
+		return fmt.Errorf("%s: %w", cmd, err)
+	}
+	req.Group, req.Reason, req.Operator, req.Comment = *o.group, *o.reason, operator, *o.as
 	if err := req.Validate(); err != nil {
 		return fmt.Errorf("%s: %w", cmd, err)
 	}
@@ -160,7 +153,7 @@ func request(ctx context.Context, nc *nats.Conn, cluster string, req events.Oper
 	}
 	rctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	m, err := nc.RequestWithContext(rctx, events.OperatorRequestSubject(cluster), data)
+	m, err := nc.RequestWithContext(rctx, events.OperatorRequestSubject(cluster, req.Operator), data)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return rep, fmt.Errorf("no arbiter of cluster %s is running", cluster)
@@ -181,6 +174,12 @@ func describeAction(a *events.OperatorAction) string {
 	s := fmt.Sprintf("%s %s by %s", a.Verb, target, a.Operator)
 	if a.Reason != "" {
 		s += fmt.Sprintf(" (%q)", a.Reason)
+	}
+	if a.Comment != "" {
+		s += fmt.Sprintf(" [comment %q]", a.Comment)
+	}
+	if a.Stage == events.StageRequested {
+		return s + ": requested"
 	}
 	if a.Accepted {
 		return s + ": " + a.Outcome

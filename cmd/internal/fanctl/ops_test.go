@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -22,7 +24,8 @@ func TestExplainWalksBackToTheProbes(t *testing.T) {
 	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "prober", Node: "n1"})
 	ctx := context.Background()
 	now := time.Now()
-	hb, err := b.Emit(ctx, events.NodeHeartbeat{Node: "n2", IntervalMS: 1000, Version: "t"})
+	n2 := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "prober", Node: "n2"})
+	hb, err := n2.Emit(ctx, events.NodeHeartbeat{Node: "n2", IntervalMS: 1000, Version: "t"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,9 +127,13 @@ func TestOperatorCommands(t *testing.T) {
 	s := bustest.Server(t)
 	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
 	got := make(chan events.OperatorRequest, 8)
-	sub, err := b.NC.Subscribe(events.OperatorRequestSubject("lab"), func(m *nats.Msg) {
+	sub, err := b.NC.Subscribe(events.AllOperatorRequests("lab"), func(m *nats.Msg) {
 		var r events.OperatorRequest
 		_ = json.Unmarshal(m.Data, &r)
+		// The subject names the sender; the test checks the body agrees.
+		if op, err := events.OperatorFromSubject("lab", m.Subject); err != nil || op != r.Operator {
+			r.Operator = "subject " + m.Subject
+		}
 		got <- r
 		rep := events.OperatorReply{Accepted: r.Node != "n9", Message: "ok", EventID: "0193a1b2-0000-7000-8000-000000000001", Epoch: 3}
 		data, _ := json.Marshal(rep)
@@ -141,8 +148,16 @@ func TestOperatorCommands(t *testing.T) {
 	if err := b.NC.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	cfgFile := filepath.Join(t.TempDir(), "fanctl.yaml")
+	if err := os.WriteFile(cfgFile, []byte("url: "+s.ClientURL()+"\ncluster: lab\noperator: erin\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	run := func(args ...string) (int, string) {
 		var out, errb bytes.Buffer
+		if len(args) > 0 && args[0] == "--config" {
+			code := fanctl.Main(args, &out, &errb, "t")
+			return code, out.String() + errb.String()
+		}
 		code := fanctl.Main(append([]string{"--url", s.ClientURL(), "--cluster", "lab"}, args...), &out, &errb, "t")
 		return code, out.String() + errb.String()
 	}
@@ -150,12 +165,16 @@ func TestOperatorCommands(t *testing.T) {
 		args []string
 		want events.OperatorRequest
 	}{
-		{[]string{"switchover", "--to", "n2", "--reason", "patching", "--as", "alice"}, events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching", Operator: "alice"}},
-		{[]string{"failback", "--now", "--reason", "customer asked", "--group", "pbx", "--as", "bob"}, events.OperatorRequest{Verb: events.OpFailback, Group: "pbx", Reason: "customer asked", Operator: "bob"}},
-		{[]string{"maintenance", "on", "--as", "carol"}, events.OperatorRequest{Verb: events.OpMaintenanceOn, Operator: "carol"}},
-		{[]string{"maintenance", "off", "--group", "pbx", "--as", "carol"}, events.OperatorRequest{Verb: events.OpMaintenanceOff, Group: "pbx", Operator: "carol"}},
-		{[]string{"node", "standby", "n1", "--reason", "disk", "--as", "dave"}, events.OperatorRequest{Verb: events.OpNodeStandby, Node: "n1", Reason: "disk", Operator: "dave"}},
-		{[]string{"node", "active", "n1", "--as", "dave"}, events.OperatorRequest{Verb: events.OpNodeActive, Node: "n1", Operator: "dave"}},
+		{[]string{"--operator", "alice", "switchover", "--to", "n2", "--reason", "patching"}, events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching", Operator: "alice"}},
+		{[]string{"--operator", "bob", "failback", "--now", "--reason", "customer asked", "--group", "pbx"}, events.OperatorRequest{Verb: events.OpFailback, Group: "pbx", Reason: "customer asked", Operator: "bob"}},
+		{[]string{"--operator", "carol", "maintenance", "on"}, events.OperatorRequest{Verb: events.OpMaintenanceOn, Operator: "carol"}},
+		{[]string{"--operator", "carol", "maintenance", "off", "--group", "pbx"}, events.OperatorRequest{Verb: events.OpMaintenanceOff, Group: "pbx", Operator: "carol"}},
+		{[]string{"--operator", "dave", "node", "standby", "n1", "--reason", "disk"}, events.OperatorRequest{Verb: events.OpNodeStandby, Node: "n1", Reason: "disk", Operator: "dave"}},
+		{[]string{"--operator", "dave", "node", "active", "n1"}, events.OperatorRequest{Verb: events.OpNodeActive, Node: "n1", Operator: "dave"}},
+		// --as is a comment; who asks is the operator.
+		{[]string{"--operator", "alice", "switchover", "--to", "n2", "--as", "ceo@finance"}, events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Operator: "alice", Comment: "ceo@finance"}},
+		// The configuration file names the operator (and can carry the cluster and bus).
+		{[]string{"--config", cfgFile, "maintenance", "on"}, events.OperatorRequest{Verb: events.OpMaintenanceOn, Operator: "erin"}},
 	}
 	for _, c := range cases {
 		code, out := run(c.args...)
@@ -166,17 +185,31 @@ func TestOperatorCommands(t *testing.T) {
 			t.Fatalf("%v sent %+v, want %+v", c.args, r, c.want)
 		}
 	}
-	if code, out := run("switchover", "--to", "n9", "--as", "x"); code != 3 || !strings.Contains(out, "REFUSED") {
+	if code, out := run("--operator", "x", "switchover", "--to", "n9"); code != 3 || !strings.Contains(out, "REFUSED") {
 		t.Fatalf("refused action: exit %d %s", code, out)
 	}
 	<-got
-	for _, bad := range [][]string{{"failback", "--reason", "x"}, {"failback", "--now"}, {"maintenance", "maybe"}, {"node", "standby"}, {"switchover"}} {
-		if code, _ := run(bad...); code == 0 {
+	for _, bad := range [][]string{{"failback", "--reason", "x"}, {"failback", "--now"}, {"maintenance", "maybe"}, {"node", "standby"}, {"switchover"},
+		{"--operator", "alice@ops1", "maintenance", "on"}} { // an operator name is one subject token
+		if code, _ := run(append([]string{"--operator", "alice"}, bad...)...); code == 0 {
 			t.Errorf("%v: exit 0", bad)
 		}
 	}
+	// Nothing is sent without an operator identity, nor with a reason the
+	// arbiter would refuse.
+	if code, out := run("maintenance", "on", "--as", "alice"); code == 0 || !strings.Contains(out, "no operator identity") {
+		t.Fatalf("no operator: exit %d %s", code, out)
+	}
+	if code, out := run("--operator", "alice", "maintenance", "on", "--reason", strings.Repeat("x", 70000)); code == 0 || !strings.Contains(out, "at most 500") {
+		t.Fatalf("70,000-character reason: exit %d %s", code, out)
+	}
+	select {
+	case r := <-got:
+		t.Fatalf("sent %+v", r)
+	default:
+	}
 	sub.Unsubscribe()
-	if code, out := run("maintenance", "on", "--wait", "500ms"); code == 0 || !strings.Contains(out, "no arbiter") {
+	if code, out := run("--operator", "alice", "maintenance", "on", "--wait", "500ms"); code == 0 || !strings.Contains(out, "no arbiter") {
 		t.Fatalf("nobody listening: exit %d %s", code, out)
 	}
 }

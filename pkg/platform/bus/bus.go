@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/nats-io/nkeys"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // Config says how to reach the bus. Exactly one of URL or Embedded is set.
@@ -185,6 +186,8 @@ type Bus struct {
 	id  Identity
 	log *slog.Logger
 	srv *server.Server
+	// refused counts messages its consumers dropped (fan_events_refused_total).
+	refused *prometheus.CounterVec
 }
 
 // Connect dials the bus (starting the embedded server first if configured).
@@ -195,7 +198,7 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &Bus{cfg: cfg, id: id, log: log}
+	b := &Bus{cfg: cfg, id: id, log: log, refused: newRefusedCounter()}
 	opts := []nats.Option{
 		nats.Name("fan-" + id.Service + "-" + id.Node),
 		nats.MaxReconnects(-1),

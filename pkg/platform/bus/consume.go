@@ -27,8 +27,10 @@ type EventHandler func(env events.Envelope, p events.Payload, seq uint64)
 
 // Watch reads the audit stream with an ordered consumer (it survives
 // reconnects and notices gaps) and calls fn for every event that decodes,
-// until ctx ends. Events that do not decode are logged and skipped: one bad
-// producer must not stop a consumer.
+// until ctx ends. Events that do not decode, or do not match the subject
+// they arrived on (events.DecodeFrom), are refused (logged, counted in
+// fan_events_refused_total) and skipped: one bad producer must not stop a
+// consumer, and no handler ever sees a node name its subject does not vouch for.
 func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error {
 	cfg := jetstream.OrderedConsumerConfig{FilterSubjects: o.Subjects, DeliverPolicy: jetstream.DeliverNewPolicy}
 	switch {
@@ -53,9 +55,8 @@ func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error 
 	var g gate
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		g.run(func() {
-			env, p, err := events.Decode(m.Data())
-			if err != nil {
-				b.log.Warn("skipping undecodable event", "subject", m.Subject(), "err", err)
+			env, p, ok := b.DecodeFrom(m.Subject(), m.Data())
+			if !ok {
 				return
 			}
 			var seq uint64
@@ -113,6 +114,8 @@ func stopAndWait(cc jetstream.ConsumeContext) {
 type CommandHandler func(ctx context.Context, env events.Envelope, cmd events.Command)
 
 // ConsumeCommands feeds this node's commands to h until ctx ends. A command
+// that does not decode, does not match its subject or targets another node
+// is refused (logged, counted, terminated) and never reaches h. A command
 // is acknowledged only after h returns, so a crash mid-command redelivers it
 // (and the executor's own at-most-once record turns it into a duplicate).
 func (b *Bus) ConsumeCommands(ctx context.Context, node string, h CommandHandler) error {
@@ -122,7 +125,7 @@ func (b *Bus) ConsumeCommands(ctx context.Context, node string, h CommandHandler
 	}
 	var g gate
 	cc, err := c.Consume(func(m jetstream.Msg) {
-		g.run(func() { b.handleCommand(ctx, m, h) })
+		g.run(func() { b.handleCommand(ctx, node, m, h) })
 	})
 	if err != nil {
 		return fmt.Errorf("consume commands for %s: %w", node, err)
@@ -133,17 +136,26 @@ func (b *Bus) ConsumeCommands(ctx context.Context, node string, h CommandHandler
 	return nil
 }
 
-func (b *Bus) handleCommand(ctx context.Context, m jetstream.Msg, h CommandHandler) {
-	env, p, err := events.Decode(m.Data())
-	if err != nil {
-		b.log.Error("refusing undecodable command", "subject", m.Subject(), "err", err)
-		_ = m.TermWithReason("undecodable: " + err.Error())
+func (b *Bus) handleCommand(ctx context.Context, node string, m jetstream.Msg, h CommandHandler) {
+	env, p, ok := b.DecodeFrom(m.Subject(), m.Data())
+	if !ok {
+		// Terminated, not acknowledged: the server keeps a note of it (an
+		// advisory) and never redelivers it.
+		_ = m.TermWithReason("refused: does not decode or does not match its subject")
 		return
 	}
 	cmd, ok := p.(events.Command)
 	if !ok {
-		b.log.Error("refusing non-command on a command subject", "subject", m.Subject(), "type", env.Type)
+		b.Refuse(events.RefusedNotCommand, m.Subject(), fmt.Errorf("%s is not a command", env.Type), "event_id", env.ID, "type", env.Type)
 		_ = m.TermWithReason("not a command")
+		return
+	}
+	// The consumer's filter delivers only this node's subjects, and the
+	// subject matched the command's target: check the target anyway, so a
+	// mis-filtered consumer can never make an executor act for another node.
+	if _, target := cmd.Target(); target != node {
+		b.Refuse(events.RefusedSubject, m.Subject(), fmt.Errorf("%w: command for node %s delivered to node %s's executor", events.ErrSubjectMismatch, target, node), "event_id", env.ID, "type", env.Type)
+		_ = m.TermWithReason("command for another node")
 		return
 	}
 	h(ctx, env, cmd)

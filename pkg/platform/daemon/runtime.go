@@ -97,6 +97,7 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 		return nil, err
 	}
 	rt.Bus = b
+	rt.Metrics.MustRegister(b.Refusals())
 	if err := b.Provision(ctx); err != nil {
 		b.Close()
 		rt.stopHTTP()

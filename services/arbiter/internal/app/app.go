@@ -123,7 +123,7 @@ func (s *Service) Run(ctx context.Context) error {
 		// Operator requests: every replica listens, only the leader answers
 		// (a follower stays silent so that it never races the leader's reply).
 		ops := make(chan *nats.Msg, 16)
-		sub, err := rt.Bus.NC.Subscribe(events.OperatorRequestSubject(s.cfg.Cluster), func(m *nats.Msg) {
+		sub, err := rt.Bus.NC.Subscribe(events.AllOperatorRequests(s.cfg.Cluster), func(m *nats.Msg) {
 			select {
 			case ops <- m:
 			default:
@@ -140,7 +140,11 @@ func (s *Service) Run(ctx context.Context) error {
 		beacons := make(chan events.Beacon, 4096)
 		bsub, err := rt.Bus.NC.Subscribe(events.AllBeacons(s.cfg.Cluster), func(m *nats.Msg) {
 			b, err := events.DecodeBeacon(m.Data)
+			if err == nil {
+				err = events.VerifyBeacon(s.cfg.Cluster, m.Subject, b)
+			}
 			if err != nil {
+				rt.Bus.Refuse(events.RefusalReason(err), m.Subject, err, "type", "beacon")
 				return
 			}
 			select {
@@ -333,8 +337,8 @@ func (s *Service) replayClaimResults(ctx context.Context, st decide.State) {
 			n := 0
 			for m := range batch.Messages() {
 				n++
-				env, p, err := events.Decode(m.Data())
-				if r, ok := p.(*events.CommandResult); err == nil && ok && r.CommandID == g.Claim.CommandID {
+				env, p, _ := s.bus.DecodeFrom(m.Subject(), m.Data())
+				if r, ok := p.(*events.CommandResult); ok && r.CommandID == g.Claim.CommandID {
 					s.core.Handle(time.Now(), env, p)
 					s.log.Info("restore: outstanding claim already answered", "group", g.Name, "node", r.Node, "outcome", r.Outcome)
 				}
@@ -346,9 +350,14 @@ func (s *Service) replayClaimResults(ctx context.Context, st decide.State) {
 	}
 }
 
-// operate answers an operator request if this replica leads. The action
-// is recorded (accepted or refused) as an OperatorAction event that the
-// decisions it causes cite, then the requester gets the outcome.
+// operate answers an operator request if this replica leads. Who asked is
+// the operator whose subject the request arrived on (the bus lets each
+// operator's credentials publish only their own), never a name the request
+// gives itself. The request is recorded (an OperatorAction, stage
+// requested) before anything is done, and refused if that record cannot be
+// stored: nothing an operator asks is ever applied without a trace. The
+// outcome, accepted or refused, is recorded again, citing the request, and
+// the decisions it causes cite that.
 func (s *Service) operate(ctx context.Context, m *nats.Msg) {
 	if !s.lease.Leading() {
 		return // the leader answers; a follower's "not me" would race it
@@ -360,15 +369,48 @@ func (s *Service) operate(ctx context.Context, m *nats.Msg) {
 			s.log.Warn("operator reply failed", "err", err)
 		}
 	}
+	refuse := func(op string, err error) {
+		s.log.Warn("operator request refused", "operator", op, "subject", m.Subject, "err", err)
+		reply(events.OperatorReply{Message: "refused: " + err.Error()})
+	}
+	op, err := events.OperatorFromSubject(s.cfg.Cluster, m.Subject)
+	if err != nil {
+		s.bus.Refuse(events.RefusedSubject, m.Subject, err, "type", "operator_request")
+		reply(events.OperatorReply{Message: "refused: " + err.Error()})
+		return
+	}
+	if len(m.Data) > events.MaxRequestBytes {
+		refuse(op, fmt.Errorf("request is %d bytes, at most %d (a reason is at most %d characters)", len(m.Data), events.MaxRequestBytes, events.MaxReasonChars))
+		return
+	}
 	var req events.OperatorRequest
 	if err := json.Unmarshal(m.Data, &req); err != nil {
-		reply(events.OperatorReply{Message: "malformed request: " + err.Error()})
+		refuse(op, fmt.Errorf("malformed request: %w", err))
+		return
+	}
+	if req.Operator != op {
+		// Not an error: the name a request gives itself is only what the
+		// client believed; the subject is who it is.
+		s.log.Info("operator request names someone else; recorded as its subject's operator", "operator", op, "claimed_operator", req.Operator)
+	}
+	req.Operator = op
+	if err := req.Validate(); err != nil {
+		refuse(op, err)
+		return
+	}
+	requested := events.OperatorAction{Verb: req.Verb, Group: req.Group, Node: req.Node, Reason: req.Reason, Operator: op,
+		Comment: req.Comment, Outcome: "requested; not yet decided", Stage: events.StageRequested}
+	rctx, cancel := context.WithTimeout(ctx, operatorRecordTimeout)
+	renv, err := s.bus.Emit(rctx, requested, events.WithEpoch(s.lease.Epoch()))
+	cancel()
+	if err != nil {
+		refuse(op, fmt.Errorf("the request could not be recorded in the audit trail, so nothing was done: %w", err))
 		return
 	}
 	id := uuid.Must(uuid.NewV7()).String()
-	rep, out := s.core.Operate(time.Now(), decide.Request{ID: id, OperatorRequest: req})
+	rep, out := s.core.Operate(time.Now(), decide.Request{ID: id, RequestedID: renv.ID, OperatorRequest: req})
 	if len(out.Emits) == 0 {
-		reply(events.OperatorReply{Message: rep.Message})
+		reply(events.OperatorReply{Message: rep.Message, EventID: renv.ID})
 		return
 	}
 	published := s.execute(ctx, out)
@@ -376,10 +418,14 @@ func (s *Service) operate(ctx context.Context, m *nats.Msg) {
 	if !published {
 		r.Message += " (warning: not everything could be published; see the arbiter's log)"
 	}
-	s.log.Info("operator action", "verb", req.Verb, "group", req.Group, "node", req.Node, "operator", req.Operator,
-		"accepted", rep.Accepted, "outcome", rep.Message, "event_id", id)
+	s.log.Info("operator action", "verb", req.Verb, "group", req.Group, "node", req.Node, "operator", op,
+		"comment", req.Comment, "accepted", rep.Accepted, "outcome", rep.Message, "event_id", id, "requested_id", renv.ID)
 	reply(r)
 }
+
+// operatorRecordTimeout bounds the wait for the request's record to be
+// stored; the operator's client waits a few seconds for the answer.
+const operatorRecordTimeout = 2 * time.Second
 
 // runRegistry keeps the node registry while this replica leads: its own
 // watch on heartbeats (so registry writes never delay a decision), sharded

@@ -79,6 +79,50 @@ func (l *lab) arbiter(node string) context.CancelFunc {
 	return stop
 }
 
+// refusals counts the "message refused" log lines of a replica, by reason.
+type refusals struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (r *refusals) Enabled(context.Context, slog.Level) bool { return true }
+func (r *refusals) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *refusals) WithGroup(string) slog.Handler            { return r }
+func (r *refusals) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Message != "message refused" {
+		return nil
+	}
+	rec.Attrs(func(a slog.Attr) bool {
+		if a.Key == "reason" {
+			r.mu.Lock()
+			r.n[a.Value.String()]++
+			r.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+
+func (r *refusals) count(reason string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.n[reason]
+}
+
+// arbiterCounting starts one replica whose refusals are counted.
+func (l *lab) arbiterCounting(node string) *refusals {
+	r := &refusals{n: map[string]int{}}
+	svc, err := New(l.cfg(node), slog.New(r), "test")
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { _ = svc.Run(ctx); close(done) }()
+	l.t.Cleanup(func() { cancel(); <-done })
+	return r
+}
+
 // probers heartbeat every node each 200 ms with its current PBX state.
 func (l *lab) probers(ctx context.Context) {
 	for _, n := range l.nodes {
@@ -388,7 +432,7 @@ func TestOperatorRequestReply(t *testing.T) {
 	b := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "fanctl", Node: "ops1"})
 	ask := func(req events.OperatorRequest) events.OperatorReply {
 		data, _ := json.Marshal(req)
-		m, err := b.NC.Request(events.OperatorRequestSubject("lab"), data, 5*time.Second)
+		m, err := b.NC.Request(events.OperatorRequestSubject("lab", "alice"), data, 5*time.Second)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -407,11 +451,15 @@ func TestOperatorRequestReply(t *testing.T) {
 	if rep.Accepted {
 		t.Fatalf("switchover to an unknown node accepted: %+v", rep)
 	}
-	var action, decision *events.Envelope
+	var requested, action, decision *events.Envelope
 	for _, env := range l.trail(ctx) {
 		switch env.Type {
 		case events.TypeOperatorAction:
-			if action == nil {
+			var a events.OperatorAction
+			_ = json.Unmarshal(env.Data, &a)
+			if a.Stage == events.StageRequested && requested == nil {
+				requested = &env
+			} else if action == nil && a.Stage == "" {
 				action = &env
 			}
 		case events.TypeArbiterDecision:
@@ -420,13 +468,171 @@ func TestOperatorRequestReply(t *testing.T) {
 			}
 		}
 	}
-	if action == nil || decision == nil {
-		t.Fatalf("action %v decision %v", action, decision)
+	if requested == nil || action == nil || decision == nil {
+		t.Fatalf("requested %v action %v decision %v", requested, action, decision)
+	}
+	if action.CausationID != requested.ID {
+		t.Fatalf("the outcome's record cites %s, not the request's record %s", action.CausationID, requested.ID)
 	}
 	var a events.OperatorAction
 	_ = json.Unmarshal(action.Data, &a)
-	if a.Operator != "alice@ops1" || !a.Accepted || a.Reason != "patching n1" {
+	if a.Operator != "alice" || !a.Accepted || a.Reason != "patching n1" {
 		t.Fatalf("action record %+v", a)
+	}
+}
+
+// operatorLab is a two-node cluster with n1 holding, two arbiters, and
+// ask(operator, request) sending a request on that operator's subject.
+func operatorLab(t *testing.T) (*lab, context.Context, func(op string, req events.OperatorRequest) events.OperatorReply) {
+	l := newLab(t, "n1", "n2")
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	l.nodesUp(ctx)
+	l.arbiter("ctlA")
+	l.arbiter("ctlB")
+	l.waitHolder("n1", 10*time.Second)
+	b := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "fanctl", Node: "ops1"})
+	return l, ctx, func(op string, req events.OperatorRequest) events.OperatorReply {
+		t.Helper()
+		data, _ := json.Marshal(req)
+		m, err := b.NC.Request(events.OperatorRequestSubject("lab", op), data, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rep events.OperatorReply
+		if err := json.Unmarshal(m.Data, &rep); err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+}
+
+func operatorActions(l *lab, ctx context.Context) []events.OperatorAction {
+	var out []events.OperatorAction
+	for _, env := range l.trail(ctx) {
+		if env.Type == events.TypeOperatorAction {
+			var a events.OperatorAction
+			_ = json.Unmarshal(env.Data, &a)
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// TestOperatorIsTheSubjects: alice's credentials (her subject) asking "as
+// ceo@finance" are recorded as alice, with the free text as a comment.
+func TestOperatorIsTheSubjects(t *testing.T) {
+	l, ctx, ask := operatorLab(t)
+	rep := ask("alice", events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching n1",
+		Operator: "ceo@finance", Comment: "ceo@finance"})
+	if !rep.Accepted {
+		t.Fatalf("reply %+v", rep)
+	}
+	l.waitHolder("n2", 10*time.Second)
+	acts := operatorActions(l, ctx)
+	if len(acts) != 2 {
+		t.Fatalf("%d operator actions recorded, want the request and its outcome: %+v", len(acts), acts)
+	}
+	for _, a := range acts {
+		if a.Operator != "alice" || a.Comment != "ceo@finance" {
+			t.Fatalf("recorded as %q (comment %q), want alice with the comment kept apart", a.Operator, a.Comment)
+		}
+	}
+}
+
+// TestOperatorReasonBounded: a 70,000-character reason is refused with a
+// clear message, and nothing is applied or recorded as accepted.
+func TestOperatorReasonBounded(t *testing.T) {
+	l, ctx, ask := operatorLab(t)
+	for _, req := range []events.OperatorRequest{
+		{Verb: events.OpSwitchover, Node: "n2", Operator: "alice", Reason: strings.Repeat("x", 70000)},
+		{Verb: events.OpSwitchover, Node: "n2", Operator: "alice", Reason: strings.Repeat("x", events.MaxReasonChars+1)},
+	} {
+		rep := ask("alice", req)
+		if rep.Accepted || !strings.Contains(rep.Message, "refused") || !strings.Contains(rep.Message, "at most") {
+			t.Fatalf("%d-character reason: %+v", len(req.Reason), rep)
+		}
+	}
+	// A request that follows is served (so the refusals above were answered
+	// and done with), and the refused ones left no accepted record.
+	if rep := ask("alice", events.OperatorRequest{Verb: events.OpMaintenanceOn, Group: "pbx"}); !rep.Accepted {
+		t.Fatalf("maintenance: %+v", rep)
+	}
+	for _, a := range operatorActions(l, ctx) {
+		if a.Verb == events.OpSwitchover {
+			t.Fatalf("a refused switchover was recorded: %+v", a)
+		}
+	}
+	if h := l.holding(); len(h) != 1 || h[0] != "n1" {
+		t.Fatalf("holders %v, want n1 still", h)
+	}
+}
+
+// TestOperatorRequestUnrecordedIsRefused: when the audit stream does not
+// take the request's record, the request is refused and nothing moves.
+func TestOperatorRequestUnrecordedIsRefused(t *testing.T) {
+	l, ctx, ask := operatorLab(t)
+	admin := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "admin", Node: "ctl"})
+	st, err := admin.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The audit stream stops taking operator actions (everything else still flows).
+	cfg := st.CachedInfo().Config
+	cfg.Subjects = []string{events.EventRoot + ".lab.probe.>", events.EventRoot + ".lab.node.>", events.EventRoot + ".lab.exec.>",
+		events.EventRoot + ".lab.arbiter.>", events.EventRoot + ".lab.svc.>", events.EventRoot + ".lab.registry.>"}
+	if _, err := admin.JS.UpdateStream(ctx, cfg); err != nil {
+		t.Fatal(err)
+	}
+	rep := ask("alice", events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching n1"})
+	if rep.Accepted || !strings.Contains(rep.Message, "could not be recorded") {
+		t.Fatalf("reply %+v", rep)
+	}
+	if h := l.holding(); len(h) != 1 || h[0] != "n1" {
+		t.Fatalf("holders %v, want n1 still", h)
+	}
+}
+
+// TestForgedHealthOnAnotherNodesSubject: a health event saying n1's PBX is
+// down, published on n2's subject, is refused by the arbiters: no failover.
+func TestForgedHealthOnAnotherNodesSubject(t *testing.T) {
+	l := newLab(t, "n1", "n2")
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	l.nodesUp(ctx)
+	refused := l.arbiterCounting("ctlA")
+	l.waitHolder("n1", 10*time.Second)
+	n2 := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "prober", Node: "n2"})
+	down := events.HealthTransition{Check: "pbx", TargetNode: "n1", Role: events.RoleSelf, From: events.HealthUp, To: events.HealthDown,
+		Reason: "forged", Consecutive: 3, Rise: 2, Fall: 3, Evidence: []events.Evidence{{At: time.Now(), Error: "forged"}}}
+	for _, src := range []string{"n1", "n2"} {
+		env, err := events.New(events.Source{Service: "prober", Node: src}, "lab", down)
+		if err != nil {
+			t.Fatal(err)
+		}
+		data, _ := env.Encode()
+		if _, err := n2.JS.Publish(ctx, events.HealthSubject("lab", "n2"), data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for refused.count(events.RefusedSubject) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the arbiter refused %v forged events, want 2", refused.count(events.RefusedSubject))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, env := range l.trail(ctx) {
+		if env.Type == events.TypeArbiterDecision || env.Type == events.TypeReleaseIP {
+			var d events.ArbiterDecision
+			_ = json.Unmarshal(env.Data, &d)
+			if env.Type == events.TypeReleaseIP || d.Action == events.ActionFailover {
+				t.Fatalf("the forged health moved something: %s %s", env.Type, env.Data)
+			}
+		}
+	}
+	if h := l.holding(); len(h) != 1 || h[0] != "n1" {
+		t.Fatalf("holders %v, want n1 still", h)
 	}
 }
 

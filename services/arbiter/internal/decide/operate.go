@@ -14,6 +14,9 @@ import (
 // the action causes can cite it.
 type Request struct {
 	ID string
+	// RequestedID is the OperatorAction (stage requested) the shell stored
+	// before asking the core; the record of the outcome cites it.
+	RequestedID string
 	events.OperatorRequest
 }
 
@@ -43,7 +46,7 @@ func (c *Core) Operate(now time.Time, r Request) (Reply, Output) {
 	}
 	c.affected = c.affected[:0]
 	out := Output{Emits: []Emit{{}}} // the action's record goes first, once its outcome is known
-	trig := ref{id: r.ID}
+	trig := ref{id: r.ID, corr: r.RequestedID}
 	accepted, msg := c.operate(now, r, trig, &out)
 	if accepted {
 		for _, gi := range c.affected {
@@ -60,8 +63,12 @@ func (c *Core) Operate(now time.Time, r Request) (Reply, Output) {
 		rep.Message += fmt.Sprintf(" (%d decision(s))", len(rep.Decisions))
 	}
 	act := events.OperatorAction{Verb: r.Verb, Group: r.Group, Node: r.Node, Reason: r.Reason, Operator: r.Operator,
-		Accepted: accepted, Outcome: rep.Message}
-	out.Emits[0] = Emit{ID: r.ID, Payload: act, Options: []events.Option{events.WithID(r.ID), events.WithEpoch(c.epoch)}}
+		Comment: r.Comment, Accepted: accepted, Outcome: rep.Message}
+	opts := []events.Option{events.WithID(r.ID), events.WithEpoch(c.epoch)}
+	if r.RequestedID != "" {
+		opts = append(opts, events.CausedByID(r.RequestedID, r.RequestedID))
+	}
+	out.Emits[0] = Emit{ID: r.ID, Payload: act, Options: opts}
 	return rep, out
 }
 

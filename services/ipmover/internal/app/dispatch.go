@@ -267,9 +267,8 @@ func (x *dispatchExecutor) watchWeights(ctx context.Context, b *bus.Bus) {
 		return
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		_, p, err := events.Decode(m.Data())
-		if err != nil {
-			x.log.Warn("undecodable weight set", "err", err)
+		_, p, ok := b.DecodeFrom(m.Subject(), m.Data())
+		if !ok {
 			return
 		}
 		w, ok := p.(*events.DispatcherWeights)
