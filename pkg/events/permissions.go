@@ -307,7 +307,7 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(BeaconSubject(cl, id.Name))
 	case RoleArbiter:
 		pub(LeaseSubject(cl, "*"))
-		sub(OperatorRequestSubject(cl), AllBeacons(cl))
+		sub(AllOperatorRequests(cl), AllBeacons(cl))
 		pub(streamRead(EventsStream)...)
 		pub(streamRead(kvStream(StateBucket))...)
 		// The lease and outstanding claims are read back from the command
@@ -345,7 +345,9 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(jsAPI+".STREAM.INFO."+CommandsStream, jsAPI+".STREAM.LIST", jsAPI+".STREAM.NAMES")
 		pub(ServiceStatusSubject(cl, "*", "*"), "$SRV.>")
 		if id.BusRole == RoleOperator {
-			pub(OperatorRequestSubject(cl))
+			// Only the operator's own subject: the arbiter records who
+			// asked from it.
+			pub(OperatorRequestSubject(cl, id.Name))
 		}
 	case RoleAdmin:
 		pub(jsAPI+".>", "$KV.>", "$O.>", jsFC+".>")

@@ -146,7 +146,7 @@ func TestPermissionsExclusive(t *testing.T) {
 		PermitSubject("c1", "pbx"):                        RoleScheduler,
 		KVSubject(StateBucket, ScheduleKey("c1")):         RoleScheduler,
 		OperatorActionSubject("c1"):                       RoleArbiter,
-		OperatorRequestSubject("c1"):                      RoleOperator,
+		OperatorRequestSubject("c1", "alice"):             RoleOperator,
 	}
 	for subj, role := range only {
 		for key, p := range perms {
@@ -177,8 +177,17 @@ func TestPermissionsExclusive(t *testing.T) {
 			}
 		}
 	}
-	if perms["auditor@bob"].Publish.Allows(OperatorRequestSubject("c1")) {
+	if perms["auditor@bob"].Publish.Allows(OperatorRequestSubject("c1", "bob")) {
 		t.Error("an auditor may ask the arbiter to act")
+	}
+	// An operator's credentials speak only for that operator.
+	if !perms["operator@alice"].Publish.Allows(OperatorRequestSubject("c1", "alice")) {
+		t.Error("alice may not send her own requests")
+	}
+	for _, s := range []string{OperatorRequestSubject("c1", "bob"), AllOperatorRequests("c1"), RequestRoot + ".c1.arbiter.operate"} {
+		if perms["operator@alice"].Publish.Allows(s) {
+			t.Errorf("alice may publish %s", s)
+		}
 	}
 }
 
