@@ -14,6 +14,16 @@
 //	fan.cmd.<cluster>.<node>.<verb>              commands to one node's executor
 //	fan.lease.<cluster>.<name>                   leadership leases (fencing, same stream as commands)
 //	fan.live.<cluster>.<node>                    presence beacons (core NATS only, never stored)
+//	fan.req.<cluster>.arbiter.operate.<operator> one operator's requests to the arbiter (core NATS request-reply)
+//
+// Identity comes from the subject. The bus's permissions let each identity
+// publish only its own subjects (a node's services that node's, an operator
+// that operator's), so consumers read events with DecodeFrom (or
+// VerifySubject after Decode), which refuses, with ErrSubjectMismatch, an
+// event whose envelope and payload do not derive the subject it arrived on,
+// or whose source is not the node it speaks for. A node name that only the
+// payload carries is never trusted. The arbiter takes the operator from
+// the request subject (OperatorFromSubject), never from the request body.
 //
 // Events and commands live in different streams: events in an audit stream with
 // limits retention, commands in a work-queue stream that each node's executor
