@@ -38,7 +38,12 @@ func main() {
 func run() error {
 	bin := flag.String("bin", "bin", "directory with fan's binaries (make build)")
 	keep := flag.Bool("keep", false, "keep the lab running after the failover until Ctrl-C")
+	topoFlag := flag.String("topology", "single", "where NATS and the arbiter run: single (one server on ctl), colocated (a server and an arbiter on n1, n2 and the witness ctl), dedicated (three NATS hosts s1-s3)")
 	flag.Parse()
+	topo, err := stack.ParseTopology(*topoFlag)
+	if err != nil {
+		return err
+	}
 	absBin, err := filepath.Abs(*bin)
 	if err != nil {
 		return err
@@ -52,7 +57,7 @@ func run() error {
 
 	tl := &timeline{start: time.Now(), w: os.Stdout}
 	tl.say("building the lab: bridge, nodes n1 and n2, client c, control host ctl (198.51.100.0/24)")
-	l, err := netlab.Build(ctx, netlab.Spec{Logger: log})
+	l, err := netlab.Build(ctx, topo.LabSpec(netlab.Spec{Logger: log}))
 	if err != nil {
 		return err
 	}
@@ -62,20 +67,26 @@ func run() error {
 			fmt.Fprintln(os.Stderr, "fan-lab: close:", err)
 		}
 	}()
-	st, err := stack.Start(ctx, l, stack.Options{BinDir: absBin, Log: log})
+	st, err := stack.Start(ctx, l, stack.Options{BinDir: absBin, Log: log, Topology: topo})
 	if st != nil {
 		defer st.Stop()
 	}
 	if err != nil {
 		return err
 	}
-	tl.say("fan is running: fan-nats, fan-arbiter, fan-scheduler on ctl; fan-prober, fan-ipmover, fan-replicator, an AMI peer and Kamailio on each node")
+	switch topo {
+	case stack.TopologySingle:
+		tl.say("fan is running: fan-nats, fan-arbiter, fan-scheduler on ctl; fan-prober, fan-ipmover, fan-replicator, an AMI peer and Kamailio on each node")
+	default:
+		tl.say(fmt.Sprintf("fan is running (%s): a three-server NATS cluster on %v (streams at replicas 3), arbiter replicas on %v, fan-scheduler on ctl; fan-prober, fan-ipmover, fan-replicator, an AMI peer and Kamailio on each node",
+			topo, st.NATSHosts(), st.ArbiterHosts()))
+	}
 
 	evCtx, stopEvents := context.WithCancel(ctx)
 	defer stopEvents()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); followEvents(evCtx, l, absBin, tl) }()
+	go func() { defer wg.Done(); followEvents(evCtx, l, absBin, st.NATSURL(), tl) }()
 
 	p, err := st.Pinger()
 	if err != nil {
@@ -107,7 +118,7 @@ func run() error {
 	}
 	if *keep {
 		tl.say("lab kept running; Ctrl-C to tear it down. Try: ip netns exec " + mustNS(l, netlab.ControlHost) +
-			" " + filepath.Join(absBin, "fanctl") + " --url nats://198.51.100.2:4222 events --follow")
+			" " + filepath.Join(absBin, "fanctl") + " --url "+st.NATSURL()+" events --follow")
 		<-ctx.Done()
 	}
 	stopEvents()
@@ -163,9 +174,9 @@ func (t *timeline) line(at time.Time, who, text string) {
 func (t *timeline) say(text string) { t.line(time.Now(), "lab", text) }
 
 // followEvents tails the bus through fanctl on the control host.
-func followEvents(ctx context.Context, l *netlab.Lab, bin string, tl *timeline) {
+func followEvents(ctx context.Context, l *netlab.Lab, bin, url string, tl *timeline) {
 	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", mustNS(l, netlab.ControlHost), filepath.Join(bin, "fanctl"),
-		"--url", "nats://198.51.100.2:4222", "events", "--follow", "--json", "--since", "all")
+		"--url", url, "events", "--follow", "--json", "--since", "all")
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		tl.say("cannot follow events: " + err.Error())

@@ -72,6 +72,9 @@ type Spec struct {
 	// Client defaults to c 198.51.100.50/24, Control to ctl 198.51.100.2/24.
 	Client  HostSpec
 	Control HostSpec
+	// Extra hosts have the control role (no floating IP, no PBX): the
+	// dedicated NATS hosts of a three-server bus, for example.
+	Extra []HostSpec
 	// FloatingIP is not assigned by Build; it is recorded for callers. Default
 	// DefaultFloatingIP.
 	FloatingIP netip.Prefix
@@ -89,6 +92,16 @@ func DefaultNodes() []HostSpec {
 	return []HostSpec{
 		{Name: "n1", Addr: netip.MustParsePrefix("198.51.100.11/24"), MAC: "02:fa:00:00:00:11"},
 		{Name: "n2", Addr: netip.MustParsePrefix("198.51.100.12/24"), MAC: "02:fa:00:00:00:12"},
+	}
+}
+
+// NATSHosts are the three hosts apart from the PBX nodes that the
+// dedicated topology runs its NATS servers (and arbiter replicas) on.
+func NATSHosts() []HostSpec {
+	return []HostSpec{
+		{Name: "s1", Addr: netip.MustParsePrefix("198.51.100.21/24"), MAC: "02:fa:00:00:00:21"},
+		{Name: "s2", Addr: netip.MustParsePrefix("198.51.100.22/24"), MAC: "02:fa:00:00:00:22"},
+		{Name: "s3", Addr: netip.MustParsePrefix("198.51.100.23/24"), MAC: "02:fa:00:00:00:23"},
 	}
 }
 
@@ -243,6 +256,9 @@ func normalise(spec *Spec) ([]hostPlan, error) {
 		plans = append(plans, hostPlan{n, RoleNode})
 	}
 	plans = append(plans, hostPlan{spec.Client, RoleClient}, hostPlan{spec.Control, RoleControl})
+	for _, h := range spec.Extra {
+		plans = append(plans, hostPlan{h, RoleControl})
+	}
 	seenName := map[string]bool{}
 	seenAddr := map[netip.Addr]bool{}
 	for _, p := range plans {

@@ -7,6 +7,9 @@ var configTemplates = map[string]string{
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- if gt .Replicas 1}}
+  replicas: {{.Replicas}}
+{{- end}}
 heartbeat_interval: 1s
 presence_interval: {{.PresenceInterval}}
 checks:
@@ -48,6 +51,9 @@ groups:
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- if gt .Replicas 1}}
+  replicas: {{.Replicas}}
+{{- end}}
 interface: eth0
 state_file: {{.Dir}}/{{.Node}}-ipmover-state.json
 answer:
@@ -68,6 +74,9 @@ bus_loss:
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- if gt .Replicas 1}}
+  replicas: {{.Replicas}}
+{{- end}}
 group: {{.Group}}
 state_dir: {{.Dir}}/{{.Node}}-replicator/state
 scan_interval: 5s
@@ -94,13 +103,26 @@ astdb:
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- if gt .Replicas 1}}
+  replicas: {{.Replicas}}
+{{- end}}
 # No groups, so no failback windows: no permit is ever published and the
 # arbiter never fails back on its own in the lab.
 `,
 	"arbiter": `cluster: {{.Cluster}}
 node: {{.Node}}
+{{- if .Standby}}
+# A replica on a PBX host leads only while no other replica is alive.
+standby: true
+{{- end}}
 bus:
   url: {{.NATS}}
+{{- if gt .Replicas 1}}
+  replicas: {{.Replicas}}
+{{- end}}
+{{- if .LeaderServers}}
+  leader_servers: [{{range $i, $n := .LeaderServers}}{{if $i}}, {{end}}{{$n}}{{end}}]
+{{- end}}
 lease_ttl: 2s
 groups:
   - name: {{.Group}}

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"text/template"
@@ -55,6 +56,15 @@ type Options struct {
 	PresenceGrace, ArbiterTick time.Duration
 	Rise, Fall                 int
 	Log                        *slog.Logger
+	// Topology places the NATS servers and arbiter replicas; empty means
+	// single. A lab for the dedicated topology needs its extra hosts
+	// (Topology.LabSpec).
+	Topology Topology
+	// LeaderPlacement, in a three-server topology, writes the arbiter keys
+	// that keep raft leaders and the lease off the PBX hosts: bus.leader_servers
+	// naming the witness's server, and standby: true on the replicas that
+	// share a host with a PBX node.
+	LeaderPlacement bool
 }
 
 func (o *Options) defaults() {
@@ -88,6 +98,9 @@ func (o *Options) defaults() {
 	if o.Log == nil {
 		o.Log = slog.New(slog.DiscardHandler)
 	}
+	if o.Topology == "" {
+		o.Topology = TopologySingle
+	}
 }
 
 // AMI credentials of the lab's stand-in PBX.
@@ -120,18 +133,24 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return nil, err
 	}
-	ctl, err := l.Host(netlab.ControlHost)
-	if err != nil {
+	if _, err := ParseTopology(string(o.Topology)); err != nil {
 		return nil, err
 	}
-	natsURL := fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort)
-
-	if err := s.start(netlab.ControlHost, "fan-nats", "-listen", fmt.Sprintf("%s:%d", ctl.Addr.Addr(), natsPort),
-		"-store", filepath.Join(s.dir, "nats"), "-name", "lab"); err != nil {
-		return nil, err
+	for _, h := range s.NATSHosts() {
+		if _, err := l.Host(h); err != nil {
+			return nil, fmt.Errorf("topology %s: %w (build the lab with Topology.LabSpec)", o.Topology, err)
+		}
 	}
-	if err := s.waitTCP(ctx, netlab.ControlHost, fmt.Sprintf("%s:%d", ctl.Addr.Addr(), natsPort)); err != nil {
-		return nil, fmt.Errorf("nats not reachable: %w", err)
+	// Every server first: a member waits for the others' routes.
+	for _, h := range s.NATSHosts() {
+		if err := s.start(h, "fan-nats", s.natsArgs(h)...); err != nil {
+			return nil, err
+		}
+	}
+	for _, h := range s.NATSHosts() {
+		if err := s.waitTCP(ctx, h, fmt.Sprintf("%s:%d", s.hostAddr(h), natsPort)); err != nil {
+			return nil, fmt.Errorf("nats on %s not reachable: %w", h, err)
+		}
 	}
 
 	nodes := l.Nodes()
@@ -140,7 +159,7 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		names[i] = n.Name
 	}
 	s.data = map[string]any{
-		"Cluster": o.Cluster, "Group": o.Group, "NATS": natsURL, "Nodes": names,
+		"Cluster": o.Cluster, "Group": o.Group, "Nodes": names, "Replicas": s.replicas(),
 		"VIP": l.FloatingIP().String(), "AMIAddr": amiAddr, "AMIUser": amiUser, "AMISecret": amiSecret,
 		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
 		"PeerInterval": o.PeerInterval.String(), "PeerTimeout": o.PeerTimeout.String(), "Dir": s.dir,
@@ -152,18 +171,48 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 			return nil, err
 		}
 	}
-	ctlData := clone(s.data)
-	ctlData["Node"] = netlab.ControlHost
-	for _, svc := range []string{"arbiter", "scheduler"} {
-		cfg, err := s.writeConfig(netlab.ControlHost, svc, ctlData)
-		if err != nil {
-			return nil, err
+	for _, h := range s.ArbiterHosts() {
+		if slices.Contains(names, h) {
+			continue // StartNode started it
 		}
-		if err := s.start(netlab.ControlHost, "fan-"+svc, "-config", cfg); err != nil {
+		if err := s.startControl(h, "fan-arbiter"); err != nil {
 			return nil, err
 		}
 	}
+	if err := s.startControl(netlab.ControlHost, "fan-scheduler"); err != nil {
+		return nil, err
+	}
 	return s, nil
+}
+
+// hostData is the template data of host's configs.
+func (s *Stack) hostData(host string) map[string]any {
+	d := clone(s.data)
+	d["Node"] = host
+	d["NATS"] = s.NATSURLFor(host)
+	if s.opts.LeaderPlacement && s.opts.Topology != TopologySingle {
+		var leaders []string
+		if s.opts.Topology == TopologyColocated {
+			leaders = []string{s.ServerName(WitnessHost)}
+		} else {
+			for _, h := range s.NATSHosts() {
+				leaders = append(leaders, s.ServerName(h))
+			}
+		}
+		d["LeaderServers"] = leaders
+		d["Standby"] = slices.Contains(s.nodeNames(), host)
+	}
+	return d
+}
+
+// startControl writes the config of a service that is not a node's own
+// (arbiter, scheduler) and starts it.
+func (s *Stack) startControl(host, name string) error {
+	cfg, err := s.writeConfig(host, strings.TrimPrefix(name, "fan-"), s.hostData(host))
+	if err != nil {
+		return err
+	}
+	return s.start(host, name, "-config", cfg)
 }
 
 // NodeAddrs maps each node to its own address; templates use it for peer checks.
@@ -188,6 +237,12 @@ func (s *Stack) StartNode(ctx context.Context, node string) error {
 		p := s.procs[node+"/"+name]
 		return p != nil && !p.Exited()
 	}
+	colocated := s.opts.Topology == TopologyColocated
+	if colocated && !running("fan-nats") {
+		if err := s.StartNATSOn(ctx, node); err != nil {
+			return err
+		}
+	}
 	if !running("kamailio") {
 		k, err := s.Lab.StartKamailioOn(node, node, []string{s.Lab.FloatingIP().Addr().String(), h.Addr.Addr().String()})
 		if err != nil {
@@ -205,8 +260,7 @@ func (s *Stack) StartNode(ctx context.Context, node string) error {
 			return fmt.Errorf("ami peer on %s: %w", node, err)
 		}
 	}
-	d := clone(s.data)
-	d["Node"] = node
+	d := s.hostData(node)
 	d["NodeAddr"] = h.Addr.Addr().String()
 	d["NodeAddrs"] = nodeAddrs(s.Lab)
 	for _, svc := range []string{"prober", "ipmover", "replicator"} {
@@ -218,6 +272,11 @@ func (s *Stack) StartNode(ctx context.Context, node string) error {
 			return err
 		}
 		if err := s.start(node, "fan-"+svc, "-config", cfg); err != nil {
+			return err
+		}
+	}
+	if colocated && !running("fan-arbiter") {
+		if err := s.startControl(node, "fan-arbiter"); err != nil {
 			return err
 		}
 	}
@@ -377,9 +436,8 @@ func (s *Stack) KillPBX(ctx context.Context, node string) error {
 
 // Events reads the whole audit trail through fanctl on the control host.
 func (s *Stack) Events(ctx context.Context) ([]Event, error) {
-	ctl, _ := s.Lab.Host(netlab.ControlHost)
 	out, err := s.Lab.Exec(ctx, netlab.ControlHost, filepath.Join(s.opts.BinDir, "fanctl"),
-		"--url", fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort), "--cluster", s.opts.Cluster, "events", "--since", "all", "--json")
+		"--url", s.NATSURL(), "--cluster", s.opts.Cluster, "events", "--since", "all", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("fanctl events: %w", err)
 	}
@@ -458,9 +516,8 @@ func FindFailoverChain(evs []Event, from, to string) (FailoverChain, error) {
 
 // Status runs `fanctl status --json` on the control host.
 func (s *Stack) Status(ctx context.Context) ([]events.GroupStatus, error) {
-	ctl, _ := s.Lab.Host(netlab.ControlHost)
 	out, err := s.Lab.Exec(ctx, netlab.ControlHost, filepath.Join(s.opts.BinDir, "fanctl"),
-		"--url", fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort), "--cluster", s.opts.Cluster, "status", "--json")
+		"--url", s.NATSURL(), "--cluster", s.opts.Cluster, "status", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("fanctl status: %w: %s", err, out)
 	}
@@ -513,12 +570,12 @@ func (s *Stack) RestartService(ctx context.Context, host, name string) error {
 	if p := s.Proc(host, name); p != nil && !p.Exited() {
 		return fmt.Errorf("restart %s on %s: still running (pid %d)", name, host, p.Pid())
 	}
-	if host != netlab.ControlHost {
+	if slices.Contains(s.nodeNames(), host) {
 		return s.StartNode(ctx, host)
 	}
 	switch name {
 	case "fan-nats":
-		return s.StartNATS(ctx)
+		return s.StartNATSOn(ctx, host)
 	case "fan-arbiter", "fan-scheduler":
 		// Start wrote the config under this name.
 		cfg := filepath.Join(s.dir, host+"-"+strings.TrimPrefix(name, "fan-")+".yaml")
@@ -527,42 +584,38 @@ func (s *Stack) RestartService(ctx context.Context, host, name string) error {
 	return fmt.Errorf("restart %s on %s: unknown service", name, host)
 }
 
-// NATSURL is the bus address every service of the stack uses.
-func (s *Stack) NATSURL() string {
-	ctl, _ := s.Lab.Host(netlab.ControlHost)
-	return fmt.Sprintf("nats://%s:%d", ctl.Addr.Addr(), natsPort)
-}
+// NATSURL is the bus address the control host's services use (every
+// server, in their order).
+func (s *Stack) NATSURL() string { return s.NATSURLFor(netlab.ControlHost) }
 
-// StopNATS stops fan-nats gracefully (SIGTERM, so JetStream flushes its
-// store); every service loses the bus until StartNATS.
+// StopNATS stops every NATS server gracefully (SIGTERM, so JetStream
+// flushes its store); every service loses the bus until StartNATS.
 func (s *Stack) StopNATS() error {
-	p := s.Proc(netlab.ControlHost, "fan-nats")
-	if p == nil {
-		return errors.New("stop nats: not started by this stack")
+	var errs []error
+	for _, h := range s.NATSHosts() {
+		p := s.Proc(h, "fan-nats")
+		if p == nil {
+			errs = append(errs, fmt.Errorf("stop nats on %s: not started by this stack", h))
+			continue
+		}
+		if err := p.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stop nats on %s: %w", h, err))
+		}
 	}
-	if err := p.Stop(); err != nil {
-		return fmt.Errorf("stop nats: %w", err)
-	}
-	return nil
+	return errors.Join(errs...)
 }
 
-// StartNATS starts fan-nats again on the same address and store directory
-// as Start did, and returns once it accepts connections.
+// StartNATS starts every NATS server that is not running again, on the
+// same addresses and stores as Start did, and returns once each accepts
+// connections.
 func (s *Stack) StartNATS(ctx context.Context) error {
-	if p := s.Proc(netlab.ControlHost, "fan-nats"); p != nil && !p.Exited() {
-		return fmt.Errorf("start nats: still running (pid %d)", p.Pid())
-	}
-	ctl, err := s.Lab.Host(netlab.ControlHost)
-	if err != nil {
-		return err
-	}
-	addr := fmt.Sprintf("%s:%d", ctl.Addr.Addr(), natsPort)
-	if err := s.start(netlab.ControlHost, "fan-nats", "-listen", addr,
-		"-store", filepath.Join(s.dir, "nats"), "-name", "lab"); err != nil {
-		return err
-	}
-	if err := s.waitTCP(ctx, netlab.ControlHost, addr); err != nil {
-		return fmt.Errorf("nats not reachable after restart: %w", err)
+	for _, h := range s.NATSHosts() {
+		if p := s.Proc(h, "fan-nats"); p != nil && !p.Exited() {
+			continue
+		}
+		if err := s.StartNATSOn(ctx, h); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -598,21 +651,7 @@ func (s *Stack) PartitionFromNATS(ctx context.Context, node string) error {
 // HealNATSPartition removes what PartitionFromNATS added (every copy, so a
 // rule added twice does not survive the heal).
 func (s *Stack) HealNATSPartition(ctx context.Context, node string) error {
-	var errs []error
-	for _, r := range s.natsPartitionRules() {
-		check := append([]string{"iptables", "-w", "-C"}, r...)
-		del := append([]string{"iptables", "-w", "-D"}, r...)
-		for i := 0; i < 16; i++ {
-			if _, err := s.Lab.Exec(ctx, node, check...); err != nil {
-				break // -C fails once no copy is left
-			}
-			if _, err := s.Lab.Exec(ctx, node, del...); err != nil {
-				errs = append(errs, err)
-				break
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	if err := s.deleteRules(ctx, node, s.natsPartitionRules()); err != nil {
 		return fmt.Errorf("heal nats partition of %s: %w", node, err)
 	}
 	return nil

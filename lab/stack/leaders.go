@@ -1,0 +1,96 @@
+package stack
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/fanpbx/fan/lab/leaders"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// nsDialer dials from inside a lab host's namespace, for every connection
+// and reconnection of a client running in the test process.
+type nsDialer struct {
+	s    *Stack
+	host string
+}
+
+func (d nsDialer) Dial(network, address string) (net.Conn, error) {
+	var c net.Conn
+	err := d.s.Lab.Do(d.host, func() error {
+		var err error
+		c, err = net.DialTimeout(network, address, 2*time.Second)
+		return err
+	})
+	return c, err
+}
+
+// Connect opens a NATS connection from host's namespace to the servers in
+// the order host's services use; the caller closes it.
+func (s *Stack) Connect(host string) (*nats.Conn, jetstream.JetStream, error) {
+	nc, err := nats.Connect(s.NATSURLFor(host), nats.SetCustomDialer(nsDialer{s, host}),
+		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.Name("fan-lab-"+host))
+	if err != nil {
+		return nil, nil, fmt.Errorf("nats from %s: %w", host, err)
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		nc.Close()
+		return nil, nil, err
+	}
+	return nc, js, nil
+}
+
+// ForceOnto puts every raft leader (fan's streams, the state bucket's
+// stream, every durable consumer) on host's NATS server and the arbiter's
+// lease on host's arbiter replica: the worst place for them when host
+// dies. The lease moves by restarting the other replicas while host's
+// campaigns alone. Nothing keeps them there afterwards.
+func (s *Stack) ForceOnto(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, host string) error {
+	if _, err := leaders.MoveAll(ctx, nc, js, s.ServerName(host)); err != nil {
+		return err
+	}
+	if l, err := leaders.ArbiterLease(ctx, js, s.opts.Cluster); err == nil && l.Node() == host {
+		return nil
+	}
+	var others []string
+	for _, h := range s.ArbiterHosts() {
+		if h != host {
+			others = append(others, h)
+		}
+	}
+	for _, h := range others {
+		if p := s.Proc(h, "fan-arbiter"); p != nil && !p.Exited() {
+			if err := p.Stop(); err != nil {
+				return fmt.Errorf("stop arbiter on %s: %w", h, err)
+			}
+		}
+	}
+	var last error
+	for {
+		l, err := leaders.ArbiterLease(ctx, js, s.opts.Cluster)
+		if err == nil && l.Node() == host {
+			break
+		}
+		last = err
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("arbiter lease did not move to %s: %w (last: %v)", host, ctx.Err(), last)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	var errs []error
+	for _, h := range others {
+		errs = append(errs, s.startControl(h, "fan-arbiter"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	// The lease's stream leader may have moved while the replicas changed.
+	_, err := leaders.MoveAll(ctx, nc, js, s.ServerName(host))
+	return err
+}
