@@ -118,7 +118,7 @@ func run() error {
 	}
 	if *keep {
 		tl.say("lab kept running; Ctrl-C to tear it down. Try: ip netns exec " + mustNS(l, netlab.ControlHost) +
-			" " + filepath.Join(absBin, "fanctl") + " --url "+st.NATSURL()+" events --follow")
+			" " + filepath.Join(absBin, "fanctl") + " --url " + st.NATSURL() + " events --follow")
 		<-ctx.Done()
 	}
 	stopEvents()
