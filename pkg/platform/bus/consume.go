@@ -2,6 +2,7 @@ package bus
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -20,6 +21,30 @@ type WatchOptions struct {
 	// LastPerSubject starts with the newest stored event of each subject
 	// (what is in force now, for state restated periodically), then new ones.
 	LastPerSubject bool
+}
+
+// Pull timing of every consumer. The server sends an idle heartbeat every
+// consumeHeartbeat while a pull is open; two missed ones (2 s) tell the
+// client that the server holding its consumer is gone. An ordered consumer
+// then recreates itself, from the sequence after the last one delivered,
+// on a server that is up; a durable consumer pulls again, which reaches its
+// newly elected leader. The library's defaults (5 s heartbeats for an
+// ordered consumer, 15 s for a durable one) would leave a consumer silent
+// for 10 to 30 s after a server crash. A pull expires and is renewed every
+// consumeExpiry, which must be at least twice the heartbeat.
+const (
+	consumeHeartbeat = time.Second
+	consumeExpiry    = 5 * time.Second
+)
+
+func (b *Bus) consumeOpts(what string) []jetstream.PullConsumeOpt {
+	return []jetstream.PullConsumeOpt{
+		jetstream.PullHeartbeat(consumeHeartbeat),
+		jetstream.PullExpiry(consumeExpiry),
+		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
+			b.log.Debug(what+": consumer error; it recovers by itself", "err", err)
+		}),
+	}
 }
 
 // EventHandler receives decoded events one at a time, in stream order.
@@ -65,7 +90,7 @@ func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error 
 			}
 			fn(env, p, seq)
 		})
-	})
+	}, b.consumeOpts("watch events")...)
 	if err != nil {
 		return fmt.Errorf("watch events: %w", err)
 	}
@@ -126,7 +151,7 @@ func (b *Bus) ConsumeCommands(ctx context.Context, node string, h CommandHandler
 	var g gate
 	cc, err := c.Consume(func(m jetstream.Msg) {
 		g.run(func() { b.handleCommand(ctx, node, m, h) })
-	})
+	}, b.consumeOpts("consume commands")...)
 	if err != nil {
 		return fmt.Errorf("consume commands for %s: %w", node, err)
 	}
@@ -159,9 +184,40 @@ func (b *Bus) handleCommand(ctx context.Context, node string, m jetstream.Msg, h
 		return
 	}
 	h(ctx, env, cmd)
-	ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if err := m.DoubleAck(ackCtx); err != nil {
-		b.log.Warn("command ack failed; it may be redelivered", "event_id", env.ID, "err", err)
+	b.ack(ctx, m, env.ID)
+}
+
+// ackTries bounds the retries of a command's acknowledgement. While the
+// consumer's leader is being elected an ack gets no answer; the retries
+// span a leader election that the steward did not avoid (4 to 9 s), so the
+// command is not redelivered after it was carried out. If they all fail the
+// command comes back after the consumer's AckWait and the executor's
+// at-most-once record answers it as a duplicate.
+const ackTries = 6
+
+func (b *Bus) ack(ctx context.Context, m jetstream.Msg, id string) {
+	err := b.ackOnce(ctx, m)
+	for try := 1; err != nil && try < ackTries; try++ {
+		select {
+		case <-ctx.Done():
+			// Stopping: a redelivery after the restart is answered as a
+			// duplicate; do not hold the shutdown up.
+			b.log.Warn("command ack failed while stopping; it may be redelivered", "event_id", id, "err", err)
+			return
+		case <-time.After(time.Duration(try) * 250 * time.Millisecond):
+		}
+		err = b.ackOnce(ctx, m)
 	}
+	if err != nil {
+		b.log.Warn("command ack failed; it may be redelivered", "event_id", id, "err", err)
+	}
+}
+
+func (b *Bus) ackOnce(ctx context.Context, m jetstream.Msg) error {
+	ackCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	if err := m.DoubleAck(ackCtx); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		return err
+	}
+	return nil
 }

@@ -1,0 +1,48 @@
+package events
+
+// JetStream's own API and advisory subjects that fan uses to keep raft
+// leaders on chosen servers (the arbiter's leader steward). They are
+// nats-server's contract, not fan's, but they are built here, once, so that
+// permissions and code agree on them.
+const (
+	jsAPIPrefix      = "$JS.API"
+	jsAdvisoryPrefix = "$JS.EVENT.ADVISORY"
+)
+
+// JSStreamLeaderStepDownSubject asks a stream's raft leader to hand over,
+// to the server named in the request's placement.preferred (nats-server 2.11+).
+func JSStreamLeaderStepDownSubject(stream string) string {
+	return jsAPIPrefix + ".STREAM.LEADER.STEPDOWN." + stream
+}
+
+// JSConsumerLeaderStepDownSubject does the same for one durable consumer,
+// which is a raft group of its own.
+func JSConsumerLeaderStepDownSubject(stream, consumer string) string {
+	return jsAPIPrefix + ".CONSUMER.LEADER.STEPDOWN." + stream + "." + consumer
+}
+
+// JSMetaLeaderStepDownSubject asks the meta leader (which creates every
+// consumer, ordered ones included) to hand over; system account only.
+const JSMetaLeaderStepDownSubject = jsAPIPrefix + ".META.LEADER.STEPDOWN"
+
+// JSServerPingJSZ asks every server for its JetStream report, the meta
+// group's leader and peers among it; system account only.
+const JSServerPingJSZ = "$SYS.REQ.SERVER.PING.JSZ"
+
+// JSStreamLeaderElectedAdvisory is published when a stream elects a leader.
+func JSStreamLeaderElectedAdvisory(stream string) string {
+	return jsAdvisoryPrefix + ".STREAM.LEADER_ELECTED." + stream
+}
+
+// JSConsumerLeaderElectedAdvisory is published when a consumer of stream
+// elects a leader; consumer "*" matches all of them.
+func JSConsumerLeaderElectedAdvisory(stream, consumer string) string {
+	return jsAdvisoryPrefix + ".CONSUMER.LEADER_ELECTED." + stream + "." + consumer
+}
+
+// JSMetaLeaderElectedAdvisory is published, in the system account, when the
+// meta group elects a leader.
+const JSMetaLeaderElectedAdvisory = jsAdvisoryPrefix + ".DOMAIN.LEADER_ELECTED"
+
+// KVStreamName is the stream that backs a key-value bucket.
+func KVStreamName(bucket string) string { return "KV_" + bucket }

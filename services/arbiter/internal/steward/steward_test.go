@@ -1,0 +1,205 @@
+package steward
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+func testLog() *slog.Logger {
+	if os.Getenv("FAN_TEST_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+func TestTarget(t *testing.T) {
+	peer := func(name string, current bool, active time.Duration) *jetstream.PeerInfo {
+		return &jetstream.PeerInfo{Name: name, Current: current, Active: active}
+	}
+	pref := []string{"w1", "w2"}
+	cases := []struct {
+		name string
+		ci   *jetstream.ClusterInfo
+		want string
+	}{
+		{"no info", nil, ""},
+		{"no leader: an election is under way", &jetstream.ClusterInfo{Replicas: []*jetstream.PeerInfo{peer("w1", true, 0)}}, ""},
+		{"led from a chosen server", &jetstream.ClusterInfo{Leader: "w2", Replicas: []*jetstream.PeerInfo{peer("w1", true, 0)}}, ""},
+		{"first choice current", &jetstream.ClusterInfo{Leader: "p1", Replicas: []*jetstream.PeerInfo{peer("w2", true, 0), peer("w1", true, 0)}}, "w1"},
+		{"first choice behind", &jetstream.ClusterInfo{Leader: "p1", Replicas: []*jetstream.PeerInfo{peer("w2", true, 0), peer("w1", false, 0)}}, "w2"},
+		{"first choice silent", &jetstream.ClusterInfo{Leader: "p1", Replicas: []*jetstream.PeerInfo{peer("w1", true, 5*time.Second)}}, ""},
+		{"no chosen peer", &jetstream.ClusterInfo{Leader: "p1", Replicas: []*jetstream.PeerInfo{peer("p2", true, 0)}}, ""},
+		{"offline", &jetstream.ClusterInfo{Leader: "p1", Replicas: []*jetstream.PeerInfo{{Name: "w1", Current: true, Offline: true}}}, ""},
+	}
+	for _, c := range cases {
+		if got := Target(pref, c.ci); got != c.want {
+			t.Errorf("%s: Target = %q, want %q", c.name, got, c.want)
+		}
+	}
+}
+
+// leaders names every stewarded group's leader: "stream", "stream/consumer", "$meta".
+func leaders(t *testing.T, s *Steward) map[string]string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	out := map[string]string{}
+	for _, name := range s.cfg.Streams {
+		st, err := s.js.Stream(ctx, name)
+		if err != nil {
+			out[name] = "?"
+			continue
+		}
+		out[name] = leaderOf(st.CachedInfo().Cluster)
+		for ci := range st.ListConsumers(ctx).Info() {
+			if len(ci.Cluster.Replicas) > 0 {
+				out[name+"/"+ci.Name] = leaderOf(ci.Cluster)
+			}
+		}
+	}
+	if s.sys != nil {
+		if ci, err := s.metaCluster(ctx); err == nil {
+			out[metaGroup] = ci.Leader
+		} else {
+			out[metaGroup] = "?"
+		}
+	}
+	return out
+}
+
+func leaderOf(ci *jetstream.ClusterInfo) string {
+	if ci == nil || ci.Leader == "" {
+		return "?"
+	}
+	return ci.Leader
+}
+
+func allOn(m map[string]string, server string) bool {
+	for _, l := range m {
+		if l != server {
+			return false
+		}
+	}
+	return true
+}
+
+func show(m map[string]string) string {
+	var ks []string
+	for k, v := range m {
+		ks = append(ks, k+"="+v)
+	}
+	sort.Strings(ks)
+	return strings.Join(ks, " ")
+}
+
+// waitFor polls cond until it holds or within passes.
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > within {
+			t.Fatalf("not within %v: %s", within, what)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// TestStewardKeepsLeadersOnChosenServer runs a real three-server cluster:
+// leaders forced onto n3 come back to n1; with n1 stopped they stay where
+// the cluster put them (no step-down among servers that are not chosen);
+// after n1 restarts they return to it.
+func TestStewardKeepsLeadersOnChosenServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-server cluster")
+	}
+	c := bustest.SystemCluster(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	b, err := bus.Connect(ctx, bus.Config{URL: c.URL(), Replicas: 3}, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "a1"}, testLog())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if err := b.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []string{"pbx1", "pbx2"} {
+		if _, err := b.ExecutorConsumer(ctx, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sys, err := nats.Connect(c.URL(), nats.UserInfo(bustest.SystemUser, bustest.SystemPassword))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Close()
+
+	// Leaders on n3 first, as after a crash of n1 and an election.
+	force := New(Config{LeaderServers: []string{"n3"}, Streams: bus.Streams(), MinGap: time.Millisecond}, b.NC, b.JS, sys, testLog())
+	waitFor(t, 60*time.Second, "leaders forced onto n3", func() bool {
+		force.Sweep(ctx)
+		return allOn(leaders(t, force), "n3")
+	})
+	t.Logf("forced: %s", show(leaders(t, force)))
+
+	s := New(Config{LeaderServers: []string{"n1"}, Streams: bus.Streams()}, b.NC, b.JS, sys, testLog())
+	sctx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- s.Run(sctx) }()
+	defer func() { stop(); <-done }()
+
+	took := waitFor(t, 30*time.Second, "leaders back on n1", func() bool { return allOn(leaders(t, s), "n1") })
+	groups := len(leaders(t, s))
+	fmt.Printf("steward: %d raft groups moved from n3 to n1 in %v\n", groups, took.Round(10*time.Millisecond))
+	if got := testutil.ToFloat64(s.moves.WithLabelValues("meta", "moved")); got < 1 {
+		t.Errorf("meta moves = %v, want at least 1", got)
+	}
+
+	// n1 leaves cleanly: its groups hand over to n2 or n3, and the steward
+	// must not move them between those two.
+	c.Stop("n1")
+	waitFor(t, 30*time.Second, "leaders elected without n1", func() bool {
+		for _, l := range leaders(t, s) {
+			if l == "n1" || l == "?" {
+				return false
+			}
+		}
+		return true
+	})
+	before := leaders(t, s)
+	moves := totalMoves(s)
+	checks := testutil.ToFloat64(s.checks)
+	waitFor(t, 30*time.Second, "two sweeps without n1", func() bool { return testutil.ToFloat64(s.checks) >= checks+2 })
+	if got := totalMoves(s); got != moves {
+		t.Errorf("steward asked for %v step-downs while no chosen server was up", got-moves)
+	}
+	if after := leaders(t, s); show(after) != show(before) {
+		t.Errorf("leaders moved without n1: before %s, after %s", show(before), show(after))
+	}
+
+	restarted := time.Now()
+	c.Restart("n1")
+	waitFor(t, 60*time.Second, "leaders back on n1 after its restart", func() bool { return allOn(leaders(t, s), "n1") })
+	fmt.Printf("steward: %d raft groups back on n1 %v after its restart\n", groups, time.Since(restarted).Round(10*time.Millisecond))
+}
+
+func totalMoves(s *Steward) float64 {
+	var n float64
+	for _, k := range []string{"stream", "consumer", "meta"} {
+		n += testutil.ToFloat64(s.moves.WithLabelValues(k, "moved"))
+	}
+	return n
+}
