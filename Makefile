@@ -74,10 +74,15 @@ lab: build
 
 # Failover time from the client's side, fan and keepalived in the same
 # topology and run: pbx-death, node-crash, link-cut, then the flap scenario.
-CYCLES ?= 30
-FLAP   ?= 5m
+# TOPOLOGY=colocated|dedicated runs fan on a three-server NATS cluster;
+# LEADERS=forced moves every raft leader and the arbiter lease onto the
+# crashing node before each node-crash.
+CYCLES   ?= 30
+FLAP     ?= 5m
+TOPOLOGY ?= single
+LEADERS  ?= fan
 bench-failover: build
-	$(BIN)/fan-bench -bin $(BIN) -cycles $(CYCLES) -flap $(FLAP)
+	$(BIN)/fan-bench -bin $(BIN) -cycles $(CYCLES) -flap $(FLAP) -topology $(TOPOLOGY) -leaders $(LEADERS)
 
 # Randomized faults (kill -9 of services, NATS restarts, frozen PBX, link
 # cuts, NATS-only partitions) with ARP and SIP observers; see lab/chaos.

@@ -8,8 +8,13 @@ import (
 	"slices"
 	"strings"
 
+	"time"
+
+	"github.com/fanpbx/fan/lab/leaders"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // AddressHolders lists the nodes whose eth0 carries the floating IP.
@@ -36,6 +41,25 @@ func oneHolderBesides(ctx context.Context, l *netlab.Lab, node string) bool {
 // Fan is fan's stack under test.
 type Fan struct {
 	St *stack.Stack
+	// ForceLeaders, in a three-server topology, moves every raft leader
+	// and the arbiter's lease onto the node about to crash just before a
+	// node-crash fault: the worst case, bounded by raft's election.
+	ForceLeaders bool
+
+	nc *nats.Conn
+	js jetstream.JetStream
+}
+
+// bus is a NATS connection from the control host, opened on first use.
+func (f *Fan) bus() (*nats.Conn, jetstream.JetStream, error) {
+	if f.nc == nil {
+		nc, js, err := f.St.Connect(netlab.ControlHost)
+		if err != nil {
+			return nil, nil, err
+		}
+		f.nc, f.js = nc, js
+	}
+	return f.nc, f.js, nil
 }
 
 func (f *Fan) Name() string { return "fan" }
@@ -45,6 +69,18 @@ func (f *Fan) Fault(ctx context.Context, s Scenario, node string) error {
 	case PBXDeath:
 		return f.St.KillPBX(ctx, node)
 	case NodeCrash:
+		if f.ForceLeaders {
+			nc, js, err := f.bus()
+			if err != nil {
+				return err
+			}
+			fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			err = f.St.ForceOnto(fctx, nc, js, node)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("force leaders onto %s: %w", node, err)
+			}
+		}
 		_, err := f.St.Lab.KillAll(node)
 		return err
 	case LinkCut:
@@ -73,10 +109,27 @@ func (f *Fan) Ready(ctx context.Context, node string) bool {
 		return false
 	}
 	ns, ok := gs[0].Nodes[node]
-	return ok && ns.Health == "up" && !ns.Silent && oneHolderBesides(ctx, f.St.Lab, node)
+	if !ok || ns.Health != "up" || ns.Silent || !oneHolderBesides(ctx, f.St.Lab, node) {
+		return false
+	}
+	if len(f.St.NATSHosts()) == 1 {
+		return true
+	}
+	// The next crash must find every raft group able to lose a server.
+	_, js, err := f.bus()
+	if err != nil {
+		return false
+	}
+	gs2, err := leaders.List(ctx, js)
+	return err == nil && leaders.Settled(gs2)
 }
 
-func (f *Fan) Close() { f.St.Stop() }
+func (f *Fan) Close() {
+	if f.nc != nil {
+		f.nc.Close()
+	}
+	f.St.Stop()
+}
 
 // Keepalived runs Debian's keepalived in the same topology: VRRPv3 over
 // unicast between the nodes, a vrrp_script that sends a real SIP OPTIONS to

@@ -26,6 +26,8 @@ type Group struct {
 	Consumer string // empty for the stream itself
 	// Leader is the name of the server leading it ("" while electing).
 	Leader string
+	// Current is true when every replica is current with the leader.
+	Current bool
 }
 
 func (g Group) String() string {
@@ -45,7 +47,7 @@ func List(ctx context.Context, js jetstream.JetStream) ([]Group, error) {
 		if info.Config.Replicas < 2 {
 			continue
 		}
-		out = append(out, Group{Stream: info.Config.Name, Leader: leaderOf(info.Cluster)})
+		out = append(out, Group{Stream: info.Config.Name, Leader: leaderOf(info.Cluster), Current: current(info.Cluster)})
 		st, err := js.Stream(ctx, info.Config.Name)
 		if err != nil {
 			return nil, fmt.Errorf("stream %s: %w", info.Config.Name, err)
@@ -55,7 +57,7 @@ func List(ctx context.Context, js jetstream.JetStream) ([]Group, error) {
 			if ci.Config.Durable == "" {
 				continue
 			}
-			out = append(out, Group{Stream: info.Config.Name, Consumer: ci.Name, Leader: leaderOf(ci.Cluster)})
+			out = append(out, Group{Stream: info.Config.Name, Consumer: ci.Name, Leader: leaderOf(ci.Cluster), Current: current(ci.Cluster)})
 		}
 		if err := consumers.Err(); err != nil {
 			return nil, fmt.Errorf("consumers of %s: %w", info.Config.Name, err)
@@ -81,6 +83,32 @@ const (
 	streamStepDownT   = "$JS.API.STREAM.LEADER.STEPDOWN.%s"
 	consumerStepDownT = "$JS.API.CONSUMER.LEADER.STEPDOWN.%s.%s"
 )
+
+func current(c *jetstream.ClusterInfo) bool {
+	if c == nil || c.Leader == "" {
+		return false
+	}
+	for _, r := range c.Replicas {
+		if r == nil || !r.Current || r.Offline {
+			return false
+		}
+	}
+	return true
+}
+
+// Settled is true when every group has a leader and current replicas: the
+// cluster can lose any one server without losing a group.
+func Settled(gs []Group) bool {
+	if len(gs) == 0 {
+		return false
+	}
+	for _, g := range gs {
+		if !g.Current {
+			return false
+		}
+	}
+	return true
+}
 
 // stepDownRequest is the body of a leader step-down request.
 type stepDownRequest struct {

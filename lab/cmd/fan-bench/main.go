@@ -63,7 +63,21 @@ func run() error {
 	verbose := flag.Bool("v", false, "print every cycle")
 	flapFor := flag.Duration("flap", 5*time.Minute, "length of the flap scenario (primary's PBX toggling every 5 s); 0 skips it")
 	defaults := flag.Bool("fan-defaults", false, "run fan with its default settings (peer probes every 200 ms, beacons every 100 ms) instead of keepalived's budget")
+	topoFlag := flag.String("topology", "single", "fan's bus: single (one NATS server on ctl), colocated (servers and arbiters on n1, n2 and the witness ctl), dedicated (three NATS hosts)")
+	leadersFlag := flag.String("leaders", "fan", "node-crash in a three-server topology: fan (raft leaders and the lease where fan puts them) or forced (all moved onto the crashing node just before the fault)")
+	placement := flag.Bool("leader-placement", false, "write the arbiter's bus.leader_servers and standby keys (needs an arbiter that knows them)")
 	flag.Parse()
+	topo, err := stack.ParseTopology(*topoFlag)
+	if err != nil {
+		return err
+	}
+	if *leadersFlag != "fan" && *leadersFlag != "forced" {
+		return fmt.Errorf("-leaders %q: want fan or forced", *leadersFlag)
+	}
+	if *leadersFlag == "forced" && topo == stack.TopologySingle {
+		return errors.New("-leaders forced needs -topology colocated or dedicated")
+	}
+	rc := runConfig{topo: topo, forced: *leadersFlag == "forced", placement: *placement}
 	absBin, err := filepath.Abs(*bin)
 	if err != nil {
 		return err
@@ -83,7 +97,7 @@ func run() error {
 	for _, system := range strings.Split(*systems, ",") {
 		results[system] = map[bench.Scenario][]bench.Cycle{}
 		for _, sc := range scenarios {
-			cs, err := measure(ctx, log, system, sc, absBin, *cycles, *advert, *fall, *verbose, *defaults)
+			cs, err := measure(ctx, log, rc, system, sc, absBin, *cycles, *advert, *fall, *verbose, *defaults)
 			if err != nil {
 				return fmt.Errorf("%s %s: %w", system, sc, err)
 			}
@@ -163,6 +177,13 @@ func flap(ctx context.Context, log *slog.Logger, bin string, d time.Duration, ad
 	return fmt.Sprintf("scenario=flap duration_s=%.0f toggles=%d moves=%d failbacks=%d", d.Seconds(), toggles, moves, failbacks), nil
 }
 
+// runConfig is what the flags say about fan's topology.
+type runConfig struct {
+	topo      stack.Topology
+	forced    bool
+	placement bool
+}
+
 // fanOptions gives fan the budgets the comparison asks for: its peer probes
 // and presence beacons at keepalived's advert interval, the same fall.
 func fanOptions(bin string, log *slog.Logger, advert float64, fall int) stack.Options {
@@ -177,8 +198,8 @@ func fanOptions(bin string, log *slog.Logger, advert float64, fall int) stack.Op
 
 // measure runs one system through one scenario on a fresh lab, so one
 // scenario's leftovers never bias the next.
-func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scenario, bin string, cycles int, advert float64, fall int, verbose, defaults bool) ([]bench.Cycle, error) {
-	l, err := netlab.Build(ctx, netlab.Spec{Logger: log})
+func measure(ctx context.Context, log *slog.Logger, rc runConfig, system string, sc bench.Scenario, bin string, cycles int, advert float64, fall int, verbose, defaults bool) ([]bench.Cycle, error) {
+	l, err := netlab.Build(ctx, rc.topo.LabSpec(netlab.Spec{Logger: log}))
 	if err != nil {
 		return nil, err
 	}
@@ -190,6 +211,7 @@ func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scen
 		if defaults {
 			opts = stack.Options{BinDir: bin, Log: log, MaxMovesPerHour: -1}
 		}
+		opts.Topology, opts.LeaderPlacement = rc.topo, rc.placement
 		st, err := stack.Start(ctx, l, opts)
 		if st != nil {
 			defer st.Stop()
@@ -197,7 +219,9 @@ func measure(ctx context.Context, log *slog.Logger, system string, sc bench.Scen
 		if err != nil {
 			return nil, err
 		}
-		sys = &bench.Fan{St: st}
+		f := &bench.Fan{St: st, ForceLeaders: rc.forced}
+		defer f.Close()
+		sys = f
 	case "keepalived":
 		k := &bench.Keepalived{Lab: l, BinDir: bin, AdvertInt: advert, ScriptInterval: 1, Fall: fall}
 		defer k.Close()
