@@ -204,6 +204,10 @@ func runEvents(ctx context.Context, args []string, cluster string, connect conne
 	if err := b.Watch(wctx, opts, handler); err != nil && ctx.Err() == nil {
 		return err
 	}
+	// An auditor must know the trail holds messages no service acted on.
+	if n := b.RefusedCount(events.RefusedSubject) + b.RefusedCount(events.RefusedUndecodable); n > 0 {
+		fmt.Fprintf(stderr, "fanctl: %d stored message(s) not shown: they do not decode or do not match the subject they were stored on (forged, or from a broken producer); fan's services drop them too\n", int(n))
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	return printErr

@@ -24,6 +24,11 @@ func TestEventsPrintsTheTrailInOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// n1's health stored on n2's subject: not shown, but not hidden either.
+	forged, _ := down.Encode()
+	if _, err := b.JS.Publish(ctx, events.HealthSubject("lab", "n2"), forged); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := b.Emit(ctx, events.ArbiterDecision{Group: "pbx", Action: events.ActionFailover, From: "n1", To: "n2",
 		Reason: "holder down", CausedBy: []string{down.ID}}, events.CausedBy(down)); err != nil {
 		t.Fatal(err)
@@ -32,6 +37,9 @@ func TestEventsPrintsTheTrailInOrder(t *testing.T) {
 	var out, errb bytes.Buffer
 	if code := fanctl.Main([]string{"--url", s.ClientURL(), "events", "--since", "all"}, &out, &errb, "t"); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if !strings.Contains(errb.String(), "1 stored message(s) not shown") {
+		t.Fatalf("the forged event went unmentioned: %q", errb.String())
 	}
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	if len(lines) != 2 || !strings.Contains(lines[0], "health.transition") || !strings.Contains(lines[1], "FAILOVER n1->n2") ||
