@@ -63,7 +63,7 @@ func Roles() []BusRole {
 // Identity is one credential on the bus.
 type Identity struct {
 	Cluster string
-	BusRole BusRole
+	Role    BusRole
 	// Name is the host (a PBX node's name for prober, ipmover and
 	// replicator on a node; the control host's name otherwise) or, for
 	// operators and auditors, the person.
@@ -240,11 +240,11 @@ func (id Identity) Permissions() (Permissions, error) {
 	if err := ValidToken("name", id.Name); err != nil {
 		return Permissions{}, err
 	}
-	if !slices.Contains(Roles(), id.BusRole) {
-		return Permissions{}, fmt.Errorf("%w: role %q", ErrInvalidField, id.BusRole)
+	if !slices.Contains(Roles(), id.Role) {
+		return Permissions{}, fmt.Errorf("%w: role %q", ErrInvalidField, id.Role)
 	}
 	executes := id.Executes
-	if len(executes) == 0 && id.BusRole == RoleIPMover {
+	if len(executes) == 0 && id.Role == RoleIPMover {
 		executes = []string{id.Name}
 	}
 	for _, n := range append(slices.Clone(executes), id.Relays...) {
@@ -265,9 +265,9 @@ func (id Identity) Permissions() (Permissions, error) {
 	}
 
 	// Events this role publishes, from the table.
-	for _, t := range Types() {
+	for _, t := range slices.Sorted(slices.Values(Types())) {
 		for _, pb := range publishers[t] {
-			if pb.role != id.BusRole {
+			if pb.role != id.Role {
 				continue
 			}
 			switch pb.scope {
@@ -287,12 +287,12 @@ func (id Identity) Permissions() (Permissions, error) {
 		}
 	}
 
-	isService := slices.Contains(Services, id.BusRole)
+	isService := slices.Contains(Services, id.Role)
 	if isService {
-		pub(AnnounceSubject(cl, string(id.BusRole), id.Name))
+		pub(AnnounceSubject(cl, string(id.Role), id.Name))
 		// The status endpoint (NATS micro) and its discovery subjects;
 		// answers go out through AllowResponses.
-		sub(ServiceStatusSubject(cl, string(id.BusRole), id.Name), "$SRV.>")
+		sub(ServiceStatusSubject(cl, string(id.Role), id.Name), "$SRV.>")
 		p.AllowResponses = true
 		// Every service opens the streams and the bucket at start to
 		// check they exist (creating them is the admin's job).
@@ -302,7 +302,7 @@ func (id Identity) Permissions() (Permissions, error) {
 			jsAPI+".STREAM.INFO."+kvStream(StateBucket))
 	}
 
-	switch id.BusRole {
+	switch id.Role {
 	case RoleProber:
 		pub(BeaconSubject(cl, id.Name))
 	case RoleArbiter:
@@ -344,7 +344,7 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(streamRead(kvStream(StateBucket))...)
 		pub(jsAPI+".STREAM.INFO."+CommandsStream, jsAPI+".STREAM.LIST", jsAPI+".STREAM.NAMES")
 		pub(ServiceStatusSubject(cl, "*", "*"), "$SRV.>")
-		if id.BusRole == RoleOperator {
+		if id.Role == RoleOperator {
 			// Only the operator's own subject: the arbiter records who
 			// asked from it.
 			pub(OperatorRequestSubject(cl, id.Name))
@@ -356,7 +356,7 @@ func (id Identity) Permissions() (Permissions, error) {
 	// Nobody but the admin calls the JetStream API beyond the above; the
 	// audit stream's protection is also stated as a deny for every role,
 	// so that a mistake in an allow list cannot open it.
-	if id.BusRole != RoleAdmin {
+	if id.Role != RoleAdmin {
 		p.Publish.Deny = append(p.Publish.Deny, auditProtected()...)
 	}
 	p.Publish.Allow = dedupe(p.Publish.Allow)
@@ -407,4 +407,23 @@ func (r Rule) Allows(subject string) bool {
 		}
 	}
 	return false
+}
+
+// SystemPermissions are those of the arbiter's system-account identity: the
+// JetStream meta leader's step-down and the servers' read-only reports that
+// show where leaders are, nothing that changes a server (reload, kick, lame
+// duck) or an account.
+func SystemPermissions(publicKey string) Permissions {
+	inbox := "_INBOX.>"
+	if publicKey != "" {
+		inbox = InboxPrefix(publicKey) + ".>"
+	}
+	return Permissions{
+		Publish: Rule{Allow: []string{
+			jsAPI + ".META.LEADER.STEPDOWN",
+			"$SYS.REQ.SERVER.PING.JSZ", "$SYS.REQ.SERVER.PING.VARZ", "$SYS.REQ.SERVER.PING.STATZ",
+			"$SYS.REQ.SERVER.*.JSZ", "$SYS.REQ.SERVER.*.VARZ",
+		}},
+		Subscribe: Rule{Allow: []string{inbox}},
+	}
 }

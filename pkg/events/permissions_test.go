@@ -11,16 +11,16 @@ import (
 func permIdentities(t *testing.T) map[string]Permissions {
 	t.Helper()
 	ids := []Identity{
-		{BusRole: RoleArbiter, Name: "ctl1", Relays: []string{"h1"}},
-		{BusRole: RoleScheduler, Name: "ctl1"},
-		{BusRole: RoleIPMover, Name: "ctl1", Executes: []string{"siteA"}},
-		{BusRole: RoleOperator, Name: "alice"},
-		{BusRole: RoleAuditor, Name: "bob"},
-		{BusRole: RoleAdmin, Name: "admin"},
+		{Role: RoleArbiter, Name: "ctl1", Relays: []string{"h1"}},
+		{Role: RoleScheduler, Name: "ctl1"},
+		{Role: RoleIPMover, Name: "ctl1", Executes: []string{"siteA"}},
+		{Role: RoleOperator, Name: "alice"},
+		{Role: RoleAuditor, Name: "bob"},
+		{Role: RoleAdmin, Name: "admin"},
 	}
 	for _, n := range []string{"n1", "n2"} {
 		for _, r := range []BusRole{RoleProber, RoleIPMover, RoleReplicator} {
-			ids = append(ids, Identity{BusRole: r, Name: n})
+			ids = append(ids, Identity{Role: r, Name: n})
 		}
 	}
 	out := map[string]Permissions{}
@@ -28,9 +28,9 @@ func permIdentities(t *testing.T) map[string]Permissions {
 		id.Cluster = "c1"
 		p, err := id.Permissions()
 		if err != nil {
-			t.Fatalf("%s@%s: %v", id.BusRole, id.Name, err)
+			t.Fatalf("%s@%s: %v", id.Role, id.Name, err)
 		}
-		out[string(id.BusRole)+"@"+id.Name] = p
+		out[string(id.Role)+"@"+id.Name] = p
 	}
 	return out
 }

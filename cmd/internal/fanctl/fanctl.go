@@ -39,6 +39,10 @@ each is recorded as the operator whose credentials sent it; --as adds a comment)
   maintenance on|off [--group G] [--reason TEXT]   (no --group: the whole cluster)
   node standby|active NODE [--reason TEXT]
 
+install (deploy/systemd/README.md):
+  nats-config --cluster-file F --out DIR [--renew]   CA, certificates, nkeys, nats-server configs, bundles
+  provision [--replicas 3]   create fan's streams, bucket and object stores (the admin identity)
+
 connection flags:
 `
 
@@ -99,6 +103,10 @@ func Main(args []string, stdout, stderr io.Writer, version string) int {
 		err = runWindows(ctx, rest, *cluster, connect, stdout, stderr)
 	case "switchover", "failback", "maintenance", "node":
 		err = runOperate(ctx, cmd, rest, *cluster, *operator, connect, stdout, stderr)
+	case "nats-config":
+		err = runNATSConfig(rest, stdout, stderr)
+	case "provision":
+		err = runProvision(ctx, rest, &cfg, connect, stdout, stderr)
 	default:
 		fmt.Fprintf(stderr, "fanctl: unknown command %q\n", cmd)
 		fs.Usage()

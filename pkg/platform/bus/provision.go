@@ -222,3 +222,27 @@ func splitHostPort(hp string) (string, int, error) {
 	}
 	return host, port, nil
 }
+
+// ProvisionObjectStores creates the replicator's object stores when they are
+// missing (the settings the replicator would create them with). A bus with
+// permissions gives no service create rights, so `fanctl provision` makes
+// them at install together with the streams and the bucket.
+func (b *Bus) ProvisionObjectStores(ctx context.Context) error {
+	return retry(ctx, b, "provision object stores", func(ctx context.Context) error {
+		for _, cfg := range []jetstream.ObjectStoreConfig{
+			{Bucket: events.ReplBlobBucket, Description: "fan replicator: file contents by SHA-256"},
+			{Bucket: events.ReplManifestBucket, Description: "fan replicator: each holder's manifest of each tree"},
+		} {
+			if _, err := b.JS.ObjectStore(ctx, cfg.Bucket); err == nil {
+				continue
+			} else if !errors.Is(err, jetstream.ErrBucketNotFound) && !errors.Is(err, jetstream.ErrStreamNotFound) {
+				return fmt.Errorf("object store %s: %w", cfg.Bucket, err)
+			}
+			cfg.Storage, cfg.Replicas = jetstream.FileStorage, b.cfg.Replicas
+			if _, err := b.JS.CreateObjectStore(ctx, cfg); err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
+				return fmt.Errorf("create object store %s: %w", cfg.Bucket, err)
+			}
+		}
+		return nil
+	})
+}

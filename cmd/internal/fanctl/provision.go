@@ -1,0 +1,75 @@
+package fanctl
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/fanpbx/fan/cmd/internal/natsconfig"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/config"
+)
+
+// runNATSConfig writes the bus's CA, certificates, keys, server
+// configurations and per-host bundles for a cluster file.
+func runNATSConfig(args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("nats-config", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	file := fs.String("cluster-file", "cluster.yaml", "the cluster file")
+	out := fs.String("out", "fan-bus", "output directory (kept: its CA and keys are reused on every run)")
+	renew := fs.Bool("renew", false, "reissue every certificate from the same CA (keys are kept)")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	c, err := natsconfig.LoadCluster(*file)
+	if err != nil {
+		return err
+	}
+	res, err := natsconfig.Generate(c, natsconfig.Options{Out: *out, Renew: *renew})
+	for _, f := range res.Created {
+		fmt.Fprintln(stdout, "created", f)
+	}
+	for _, f := range res.Renewed {
+		fmt.Fprintln(stdout, "renewed", f)
+	}
+	for _, f := range res.Written {
+		fmt.Fprintln(stdout, "wrote  ", f)
+	}
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "bundles in %s: copy each to its host (deploy/systemd/README.md)\n", natsconfig.Bundle(*out, ""))
+	return nil
+}
+
+// runProvision creates every stream, bucket and object store fan needs. It
+// is the admin identity's job: services have no create rights.
+func runProvision(ctx context.Context, args []string, cfg *bus.Config, connect connector, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("provision", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.Replicas, "replicas", 3, "replicas of every stream and bucket (1..5; 1 for a single server)")
+	maxAge := fs.Duration("events-max-age", 90*24*time.Hour, "how long the audit stream keeps events")
+	wait := fs.Duration("wait", time.Minute, "how long to keep trying while JetStream elects its leaders")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	cfg.EventsMaxAge = config.Duration(*maxAge)
+	b, err := connect()
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	pctx, cancel := context.WithTimeout(ctx, *wait)
+	defer cancel()
+	if err := b.Provision(pctx); err != nil {
+		return fmt.Errorf("provision streams and bucket: %w", err)
+	}
+	if err := b.ProvisionObjectStores(pctx); err != nil {
+		return fmt.Errorf("provision object stores: %w", err)
+	}
+	fmt.Fprintf(stdout, "provisioned %s, %s, bucket %s and the replicator's object stores (%d replicas); the audit stream denies delete and purge\n",
+		bus.EventsStream, bus.CommandsStream, bus.StateBucket, cfg.Replicas)
+	return nil
+}

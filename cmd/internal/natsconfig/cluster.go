@@ -1,0 +1,234 @@
+// Package natsconfig writes what a fan cluster's bus needs to run with
+// authentication, TLS and per-identity permissions: a CA, server and client
+// certificates, one nkey per service per host, per operator, per auditor and
+// for the admin, each nats-server's configuration (permissions derived from
+// pkg/events), and one bundle directory per host holding what goes there.
+package natsconfig
+
+import (
+	"fmt"
+	"slices"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/config"
+)
+
+// Cluster is the small file an installer writes by hand.
+type Cluster struct {
+	// Cluster is fan's cluster name (the subject token).
+	Cluster string `yaml:"cluster"`
+	// NATS lists the nats-servers; three for production.
+	NATS []Server `yaml:"nats"`
+	// Nodes are the PBX nodes (prober, ipmover and replicator run on each).
+	Nodes []Host `yaml:"nodes"`
+	// Control are the control hosts (arbiter and scheduler run on each).
+	Control []Host `yaml:"control"`
+	// HTTPHeartbeatNodes are nodes without a prober whose heartbeats the
+	// arbiter receives over HTTP and publishes for them.
+	HTTPHeartbeatNodes []string `yaml:"http_heartbeat_nodes"`
+	// Operators may run fanctl's actions; auditors only read.
+	Operators []string `yaml:"operators"`
+	Auditors  []string `yaml:"auditors"`
+	// Paths on the hosts where the bundles are installed.
+	NATSDir  string `yaml:"nats_dir"`  // on nats servers (default /etc/nats)
+	StoreDir string `yaml:"store_dir"` // JetStream storage (default /var/lib/nats)
+	FanDir   string `yaml:"fan_dir"`   // on fan hosts (default /etc/fan/bus)
+	// CertDays is the validity of issued certificates (default 825).
+	CertDays int `yaml:"cert_days"`
+}
+
+// Server is one nats-server.
+type Server struct {
+	Name string `yaml:"name"`
+	// Host is the name clients and routes use; it goes in the certificate.
+	Host string `yaml:"host"`
+	// IPs are further addresses in the certificate.
+	IPs         []string `yaml:"ips"`
+	ClientPort  int      `yaml:"client_port"`  // default 4222
+	ClusterPort int      `yaml:"cluster_port"` // default 6222
+	// Monitor is the monitoring listener (default 127.0.0.1:8222; "-" for none).
+	Monitor string `yaml:"monitor"`
+}
+
+// Host is a machine that runs fan services.
+type Host struct {
+	Name string `yaml:"name"`
+	// Services run on it (default: prober, ipmover, replicator on a node;
+	// arbiter, scheduler on a control host).
+	Services []events.BusRole `yaml:"services"`
+	// DNSSites are the sites a DNS executor (an ipmover) on this host
+	// carries out commands for.
+	DNSSites []string `yaml:"dns_sites"`
+}
+
+// LoadCluster reads and checks a cluster file.
+func LoadCluster(path string) (Cluster, error) {
+	var c Cluster
+	if err := config.Load(path, &c); err != nil {
+		return c, err
+	}
+	c.defaults()
+	return c, c.validate()
+}
+
+func (c *Cluster) defaults() {
+	if c.NATSDir == "" {
+		c.NATSDir = "/etc/nats"
+	}
+	if c.StoreDir == "" {
+		c.StoreDir = "/var/lib/nats"
+	}
+	if c.FanDir == "" {
+		c.FanDir = "/etc/fan/bus"
+	}
+	if c.CertDays == 0 {
+		c.CertDays = 825
+	}
+	for i := range c.NATS {
+		s := &c.NATS[i]
+		if s.ClientPort == 0 {
+			s.ClientPort = 4222
+		}
+		if s.ClusterPort == 0 {
+			s.ClusterPort = 6222
+		}
+		if s.Monitor == "" {
+			s.Monitor = "127.0.0.1:8222"
+		}
+		if s.Host == "" {
+			s.Host = s.Name
+		}
+	}
+	for i := range c.Nodes {
+		if len(c.Nodes[i].Services) == 0 {
+			c.Nodes[i].Services = []events.BusRole{events.RoleProber, events.RoleIPMover, events.RoleReplicator}
+		}
+	}
+	for i := range c.Control {
+		h := &c.Control[i]
+		if len(h.Services) == 0 {
+			h.Services = []events.BusRole{events.RoleArbiter, events.RoleScheduler}
+		}
+		if len(h.DNSSites) > 0 && !slices.Contains(h.Services, events.RoleIPMover) {
+			h.Services = append(h.Services, events.RoleIPMover)
+		}
+	}
+}
+
+func (c *Cluster) validate() error {
+	if err := events.ValidToken("cluster", c.Cluster); err != nil {
+		return config.Errf("cluster", "%v", err)
+	}
+	if len(c.NATS) == 0 {
+		return config.Errf("nats", "at least one server")
+	}
+	names := map[string]string{}
+	unique := func(key, kind, name string) error {
+		if err := events.ValidToken(kind, name); err != nil {
+			return config.Errf(key, "%v", err)
+		}
+		if prev, dup := names[name]; dup {
+			return config.Errf(key, "%q is already a %s (every name is a directory of the output)", name, prev)
+		}
+		names[name] = kind
+		return nil
+	}
+	for i, s := range c.NATS {
+		if err := unique(fmt.Sprintf("nats[%d].name", i), "nats server", s.Name); err != nil {
+			return err
+		}
+	}
+	for _, hs := range []struct {
+		key   string
+		hosts []Host
+	}{{"nodes", c.Nodes}, {"control", c.Control}} {
+		for i, h := range hs.hosts {
+			key := fmt.Sprintf("%s[%d]", hs.key, i)
+			if err := unique(key+".name", hs.key, h.Name); err != nil {
+				return err
+			}
+			for _, r := range h.Services {
+				if !slices.Contains(events.Services, r) {
+					return config.Errf(key+".services", "%q is not a fan service (one of %v)", r, events.Services)
+				}
+			}
+			for _, s := range h.DNSSites {
+				if err := events.ValidToken("site", s); err != nil {
+					return config.Errf(key+".dns_sites", "%v", err)
+				}
+			}
+		}
+	}
+	for _, n := range c.HTTPHeartbeatNodes {
+		if err := events.ValidToken("node", n); err != nil {
+			return config.Errf("http_heartbeat_nodes", "%v", err)
+		}
+	}
+	for _, p := range []struct {
+		key   string
+		names []string
+	}{{"operators", c.Operators}, {"auditors", c.Auditors}} {
+		for i, n := range p.names {
+			if n == "admin" {
+				return config.Errf(fmt.Sprintf("%s[%d]", p.key, i), "admin is reserved")
+			}
+			if err := unique(fmt.Sprintf("%s[%d]", p.key, i), p.key, n); err != nil {
+				return err
+			}
+		}
+	}
+	if _, dup := names["admin"]; dup {
+		return config.Errf("nodes", "admin is reserved")
+	}
+	return nil
+}
+
+// identity is one credential the generator issues.
+type identity struct {
+	events.Identity
+	// Dir is the bundle (host, operator or auditor) it is installed with.
+	Dir string
+	// System marks the system-account user (leader step-downs).
+	System bool
+}
+
+// file is the base name of the identity's files in its bundle.
+func (i identity) file() string {
+	if i.System {
+		return "arbiter-system"
+	}
+	return string(i.Role)
+}
+
+// identities lists every credential of the cluster, in a stable order.
+func (c Cluster) identities() []identity {
+	var out []identity
+	for _, h := range c.Nodes {
+		for _, r := range h.Services {
+			out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: r, Name: h.Name}, Dir: h.Name})
+		}
+	}
+	for _, h := range c.Control {
+		for _, r := range h.Services {
+			id := identity{Identity: events.Identity{Cluster: c.Cluster, Role: r, Name: h.Name}, Dir: h.Name}
+			switch r {
+			case events.RoleIPMover:
+				id.Executes = h.DNSSites
+			case events.RoleArbiter:
+				id.Relays = c.HTTPHeartbeatNodes
+			}
+			out = append(out, id)
+			if r == events.RoleArbiter {
+				out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: r, Name: h.Name}, Dir: h.Name, System: true})
+			}
+		}
+	}
+	for _, n := range c.Operators {
+		out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: events.RoleOperator, Name: n}, Dir: n})
+	}
+	for _, n := range c.Auditors {
+		out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: events.RoleAuditor, Name: n}, Dir: n})
+	}
+	out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: events.RoleAdmin, Name: "admin"}, Dir: "admin"})
+	return out
+}
