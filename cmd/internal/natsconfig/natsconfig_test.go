@@ -311,6 +311,7 @@ func TestGeneratedConfigEnforced(t *testing.T) {
 	op := connectRaw(t, c, out, "alice", "operator")
 	op.publish(t, "operator writes a group status", events.KVSubject(events.StateBucket, events.GroupStatusKey(c.Cluster, "pbx")))
 	op.publish(t, "operator deletes the command stream", "$JS.API.STREAM.DELETE.FAN_CMD")
+	op.publish(t, "operator alice asks as bob", events.OperatorRequestSubject(c.Cluster, "bob"))
 	au := connectRaw(t, c, out, "bob", "auditor")
 	au.publish(t, "auditor asks for a switchover", events.OperatorRequestSubject(c.Cluster, "bob"))
 
