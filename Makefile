@@ -86,9 +86,11 @@ bench-failover: build
 
 # Randomized faults (kill -9 of services, NATS restarts, frozen PBX, link
 # cuts, NATS-only partitions) with ARP and SIP observers; see lab/chaos.
+# TOPOLOGY=colocated runs it on a three-server bus (a NATS server on each
+# PBX node and on the witness) and adds one server's kill -9 and route cut.
 DURATION ?= 10m
 chaos: build
-	$(BIN)/fan-chaos -bin $(BIN) -duration $(DURATION)
+	$(BIN)/fan-chaos -bin $(BIN) -duration $(DURATION) -topology $(TOPOLOGY)
 
 # Debian packages: Kamailio (the SIP server answering on the floating IP in
 # the lab), SIPp, iproute2 for namespaces.

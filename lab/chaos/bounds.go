@@ -47,6 +47,28 @@ const (
 const PartitionBound = (natsMaxPingsOut+1)*natsPingInterval + natsReconnectWait + natsReconnectJitter +
 	busCheckEvery + busCheckTimeout + resyncMargin + 25*time.Millisecond
 
+// Inputs of the route-partition bound: lab/stack's fan-nats cluster and
+// pkg/platform/bus's embedded server.
+const (
+	routePingInterval   = 2 * time.Second // bus.routePingInterval (fan-nats)
+	routeMaxPingsOut    = 2               // Cluster.MaxPingsOut in bus.StartEmbedded
+	routeReconnectDelay = time.Second     // nats-server's DEFAULT_ROUTE_RECONNECT
+	consumerHeartbeat   = time.Second     // idle heartbeat of the executors' consumers: a stall is noticed in 2 of them
+)
+
+// RoutePartitionBound replaces PartitionBound after a RoutePartition heals.
+// It is looser because the cut-off server's clients never lose their
+// connection: the ipmover's bus-loss monitor keeps seeing its server
+// answer, so it neither releases under bus_loss nor reconnects; contact
+// with the cluster returns only when the server's routes do. The stalled
+// route is closed at the third route ping tick without a pong,
+// (MaxPingsOut+1) × 2 s = 6 s after the heal at the latest, and dialled
+// again after nats-server's 1 s route reconnect delay; the executor's
+// consumer then notices its stall within two idle heartbeats (2 s) and
+// resumes, and the release it was sent is applied (the re-sync margin,
+// 250 ms). 6 + 1 + 2 + 0.25 = 9.25 s.
+const RoutePartitionBound = (routeMaxPingsOut+1)*routePingInterval + routeReconnectDelay + 2*consumerHeartbeat + resyncMargin
+
 // Inputs of the outage bound: the lab's prober settings (lab/stack), the
 // arbiter's policy defaults (services/arbiter/internal/decide) and the
 // ipmover's claim settings in the lab config.

@@ -69,6 +69,40 @@ func TestGenerateCoversEveryFault(t *testing.T) {
 	}
 }
 
+// On a three-server bus the NATS faults hit one server: its kill -9 and
+// its routes cut, on the holder's, the standby's and the witness's host.
+func TestGenerateServerFaults(t *testing.T) {
+	lim := DefaultLimits()
+	lim.ServerFaults = true
+	seen := map[string]bool{}
+	for seed := uint64(1); seed <= 50; seed++ {
+		s := Generate(seed, 10*time.Minute, lim)
+		if err := Check(s, lim); err != nil {
+			t.Fatalf("seed %d: %v", seed, err)
+		}
+		for _, f := range s {
+			seen[string(f.Kind)+"/"+string(f.Target)] = true
+		}
+	}
+	for _, k := range []Kind{NATSKill, RoutePartition} {
+		for _, tg := range []Target{Holder, Standby, Control} {
+			if !seen[string(k)+"/"+string(tg)] {
+				t.Errorf("no schedule in 50 seeds contains %s on %s", k, tg)
+			}
+		}
+	}
+	for _, k := range []Kind{NATSRestart, NATSPartition} {
+		for w := range seen {
+			if strings.HasPrefix(w, string(k)+"/") {
+				t.Errorf("a three-server schedule contains %s", w)
+			}
+		}
+	}
+	if err := Check([]Fault{{Kind: NATSKill, Target: Control, Gap: lim.Gap[0], Hold: time.Second}}, DefaultLimits()); err == nil {
+		t.Error("a server fault passed the check of a single-server schedule")
+	}
+}
+
 func TestCheckRefusesBrokenSchedules(t *testing.T) {
 	lim := DefaultLimits()
 	ok := Fault{Kind: PBXFreeze, Target: Holder, Gap: 5 * time.Second, Hold: 3 * time.Second}

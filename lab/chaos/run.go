@@ -11,9 +11,11 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/bench"
+	"github.com/fanpbx/fan/lab/leaders"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // Config is one chaos run.
@@ -28,6 +30,10 @@ type Config struct {
 	Verbose bool
 	// SettleTimeout bounds the wait for the system to settle between faults.
 	SettleTimeout time.Duration
+	// Topology is where NATS and the arbiters run (stack.Topology; empty:
+	// single). The colocated and dedicated topologies get the one-server
+	// faults (Limits.ServerFaults).
+	Topology stack.Topology
 }
 
 // Injected is a fault as it was carried out.
@@ -102,6 +108,10 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	if cfg.SettleTimeout == 0 {
 		cfg.SettleTimeout = 60 * time.Second
 	}
+	if cfg.Topology == "" {
+		cfg.Topology = stack.TopologySingle
+	}
+	cfg.Limits.ServerFaults = cfg.Topology != stack.TopologySingle
 	res.Seed = cfg.Seed
 	// The tail after the last fault: settle, then observe a little longer.
 	// The schedule is generated for more time than the run has (faults often
@@ -111,7 +121,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 		return res, fmt.Errorf("schedule for seed %d: %w", cfg.Seed, err)
 	}
 
-	l, err := netlab.Build(ctx, netlab.Spec{Logger: cfg.Log})
+	l, err := netlab.Build(ctx, cfg.Topology.LabSpec(netlab.Spec{Logger: cfg.Log}))
 	if err != nil {
 		return res, err
 	}
@@ -123,7 +133,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	// No flap cap: a chaos run causes a justified failover every minute or
 	// so, and with the production cap (5 an hour, then a needs_human freeze)
 	// it would measure the freeze instead of failover.
-	st, err := stack.Start(ctx, l, stack.Options{BinDir: cfg.BinDir, Log: cfg.Log, MaxMovesPerHour: -1})
+	st, err := stack.Start(ctx, l, stack.Options{BinDir: cfg.BinDir, Log: cfg.Log, MaxMovesPerHour: -1, Topology: cfg.Topology})
 	if st != nil {
 		defer st.Stop()
 	}
@@ -136,6 +146,14 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			fmt.Fprintln(cfg.Out, st.Logs(4000))
 		}
 	}()
+	if cfg.Topology != stack.TopologySingle {
+		nc, js, err := st.Connect(netlab.ControlHost)
+		if err != nil {
+			return res, err
+		}
+		defer nc.Close()
+		r.js = js
+	}
 	r.client, err = bench.NewClient(l)
 	if err != nil {
 		return res, err
@@ -159,7 +177,7 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	r.t0 = res.Start
 	arp.Start()
 	sip.Start()
-	r.printf("chaos: seed=%d duration=%v faults_available=%d partition_bound=%v outage_bound=%v", cfg.Seed, cfg.Duration, len(schedule), PartitionBound, OutageBound)
+	r.printf("chaos: seed=%d duration=%v faults_available=%d partition_bound=%v route_partition_bound=%v outage_bound=%v topology=%s", cfg.Seed, cfg.Duration, len(schedule), PartitionBound, RoutePartitionBound, OutageBound, cfg.Topology)
 
 	deadline := res.Start.Add(cfg.Duration)
 	runErr := r.runSchedule(ctx, schedule, deadline)
@@ -204,6 +222,9 @@ func judge(res *Result, l *netlab.Lab, sends []time.Time, sightings []Sighting, 
 	for _, in := range res.Injected {
 		if (in.Fault.Kind == LinkCut || in.Fault.Kind == NATSPartition) && !in.HealedAt.IsZero() {
 			allowed = append(allowed, Window{From: in.HealedAt, To: in.HealedAt.Add(PartitionBound), Why: in.label() + " healed"})
+		}
+		if in.Fault.Kind == RoutePartition && !in.HealedAt.IsZero() {
+			allowed = append(allowed, Window{From: in.HealedAt, To: in.HealedAt.Add(RoutePartitionBound), Why: in.label() + " healed"})
 		}
 	}
 	res.Episodes, res.DualCounted = DualEpisodes(rounds, allowed)
@@ -306,6 +327,7 @@ type runner struct {
 	l      *netlab.Lab
 	st     *stack.Stack
 	client *bench.Client
+	js     jetstream.JetStream // a three-server bus only
 	t0     time.Time
 	done   []Injected
 }
@@ -400,6 +422,10 @@ func (r *runner) inject(ctx context.Context, in Injected) error {
 		return r.l.LinkDown(in.Node)
 	case NATSPartition:
 		return r.st.PartitionFromNATS(ctx, in.Node)
+	case NATSKill:
+		return r.st.KillNATS(in.Node)
+	case RoutePartition:
+		return r.st.CutRoutes(ctx, in.Node)
 	}
 	return fmt.Errorf("unknown fault kind %q", in.Fault.Kind)
 }
@@ -416,6 +442,10 @@ func (r *runner) heal(ctx context.Context, in Injected) error {
 		return r.l.LinkUp(in.Node)
 	case NATSPartition:
 		return r.st.HealNATSPartition(ctx, in.Node)
+	case NATSKill:
+		return r.st.StartNATSOn(ctx, in.Node)
+	case RoutePartition:
+		return r.st.HealRoutes(ctx, in.Node)
 	}
 	return fmt.Errorf("unknown fault kind %q", in.Fault.Kind)
 }
@@ -475,6 +505,17 @@ func (r *runner) unsettled(ctx context.Context) string {
 	}
 	if who != g.Holder {
 		return fmt.Sprintf("client answered by %s, status holder %s", who, g.Holder)
+	}
+	if r.js != nil {
+		// The next fault may take a server: every raft group must be able
+		// to lose one.
+		lg, err := leaders.List(sctx, r.js)
+		if err != nil {
+			return err.Error()
+		}
+		if !leaders.Settled(lg) {
+			return "raft groups not settled: " + leaders.Describe(lg)
+		}
 	}
 	return ""
 }

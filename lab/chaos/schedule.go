@@ -29,10 +29,20 @@ const (
 	// NATSPartition: iptables in the node's namespace drops everything to
 	// and from the control host, removed after Hold.
 	NATSPartition Kind = "nats-partition"
+	// NATSKill: kill -9 of one server of a three-server bus (the holder's,
+	// the standby's or the witness's), restarted after Hold.
+	NATSKill Kind = "nats-kill"
+	// RoutePartition: one server of a three-server bus cut off from the
+	// other two (its cluster routes only; its clients stay connected to it),
+	// healed after Hold.
+	RoutePartition Kind = "route-partition"
 )
 
 // Kinds lists every fault kind.
-var Kinds = []Kind{KillService, NATSRestart, PBXFreeze, LinkCut, NATSPartition}
+var Kinds = []Kind{KillService, NATSRestart, PBXFreeze, LinkCut, NATSPartition, NATSKill, RoutePartition}
+
+// serverFault is true for the faults of one NATS server.
+func (k Kind) serverFault() bool { return k == NATSKill || k == RoutePartition }
 
 // Target says where a fault lands. Node faults name a role, not a node:
 // which node holds the address is only known when the fault is injected
@@ -73,7 +83,9 @@ func (f Fault) String() string {
 // AffectsNode reports whether the fault takes a PBX node out of the healthy
 // set while it is active (a killed control service does not: the nodes
 // still serve).
-func (f Fault) AffectsNode() bool { return f.Target == Holder || f.Target == Standby }
+func (f Fault) AffectsNode() bool {
+	return (f.Target == Holder || f.Target == Standby) && !f.Kind.serverFault()
+}
 
 // Limits bound a generated schedule. The ranges are chosen so that every
 // fault lasts long enough to be detected (longer than the arbiter's silence
@@ -86,6 +98,10 @@ type Limits struct {
 	// Settle is the time budgeted after each heal for the system to settle
 	// (the runner waits on conditions; this only sizes the schedule).
 	Settle time.Duration
+	// ServerFaults, for a three-server bus (the colocated topology), hits
+	// one NATS server at a time: NATSKill where a single bus would restart
+	// NATS, RoutePartition where it would partition a node from it.
+	ServerFaults bool
 }
 
 // DefaultLimits are the chaos run's ranges.
@@ -93,11 +109,13 @@ func DefaultLimits() Limits {
 	return Limits{
 		Gap: [2]time.Duration{3 * time.Second, 8 * time.Second},
 		Hold: map[Kind][2]time.Duration{
-			KillService:   {500 * time.Millisecond, 6 * time.Second},
-			NATSRestart:   {500 * time.Millisecond, 5 * time.Second},
-			PBXFreeze:     {2 * time.Second, 8 * time.Second},
-			LinkCut:       {2 * time.Second, 10 * time.Second},
-			NATSPartition: {2 * time.Second, 10 * time.Second},
+			KillService:    {500 * time.Millisecond, 6 * time.Second},
+			NATSRestart:    {500 * time.Millisecond, 5 * time.Second},
+			PBXFreeze:      {2 * time.Second, 8 * time.Second},
+			LinkCut:        {2 * time.Second, 10 * time.Second},
+			NATSPartition:  {2 * time.Second, 10 * time.Second},
+			NATSKill:       {500 * time.Millisecond, 6 * time.Second},
+			RoutePartition: {2 * time.Second, 10 * time.Second},
 		},
 		HolderBias: 0.6,
 		Settle:     4 * time.Second,
@@ -136,8 +154,19 @@ func Generate(seed uint64, total time.Duration, lim Limits) []Fault {
 		default:
 			f.Kind = NATSPartition
 		}
+		if lim.ServerFaults {
+			switch f.Kind {
+			case NATSRestart:
+				f.Kind = NATSKill
+			case NATSPartition:
+				f.Kind = RoutePartition
+			}
+		}
 		f.Hold = between(lim.Hold[f.Kind])
 		switch f.Kind {
+		case NATSKill, RoutePartition:
+			// The holder's, the standby's or the witness's server.
+			f.Target = []Target{Holder, Standby, Control}[r.IntN(3)]
 		case NATSRestart:
 			f.Target = Control
 		case KillService:
@@ -186,6 +215,10 @@ func Check(s []Fault, lim Limits) error {
 		case NATSRestart:
 			if f.Target != Control || f.Service != "" {
 				return fmt.Errorf("fault %d: nats restart must target ctl", i)
+			}
+		case NATSKill, RoutePartition:
+			if !lim.ServerFaults || f.Service != "" || (f.Target != Holder && f.Target != Standby && f.Target != Control) {
+				return fmt.Errorf("fault %d: %s needs a three-server bus and a server's host", i, f.Kind)
 			}
 		case KillService:
 			node := f.Target == Holder || f.Target == Standby

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/chaos"
+	"github.com/fanpbx/fan/lab/stack"
 )
 
 func main() {
@@ -33,7 +34,13 @@ func run() int {
 	duration := flag.Duration("duration", 10*time.Minute, "how long to run the fault schedule")
 	seed := flag.Uint64("seed", 0, "schedule seed (0: pick one from the clock; printed, so a run can be replayed)")
 	verbose := flag.Bool("v", false, "print every episode and outage, and lab progress")
+	topoFlag := flag.String("topology", "single", "where NATS and the arbiters run: single, colocated or dedicated (the last two add the faults of one NATS server: kill -9, routes cut)")
 	flag.Parse()
+	topo, err := stack.ParseTopology(*topoFlag)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fan-chaos:", err)
+		return 2
+	}
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
 	}
@@ -54,8 +61,8 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	fmt.Printf("fan-chaos: seed=%d (replay with -seed %d -duration %v)\n", *seed, *seed, *duration)
-	res, err := chaos.Run(ctx, chaos.Config{BinDir: absBin, Duration: *duration, Seed: *seed, Out: os.Stdout, Log: log, Verbose: *verbose})
+	fmt.Printf("fan-chaos: seed=%d (replay with -seed %d -duration %v -topology %s)\n", *seed, *seed, *duration, topo)
+	res, err := chaos.Run(ctx, chaos.Config{BinDir: absBin, Duration: *duration, Seed: *seed, Out: os.Stdout, Log: log, Verbose: *verbose, Topology: topo})
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			fmt.Fprintf(os.Stderr, "fan-chaos: interrupted after %d faults; healed and torn down (seed %d)\n", len(res.Injected), *seed)
