@@ -320,8 +320,11 @@ func (id Identity) Permissions() (Permissions, error) {
 			KVSubject(StateBucket, AllRegistryKeys(cl)))
 		// Leader step-downs of fan's streams and consumers (the meta
 		// leader's needs the system account, a separate identity).
+		// It lists each stream's consumers and reacts to leader elections.
 		for _, s := range []string{EventsStream, CommandsStream, kvStream(StateBucket)} {
-			pub(jsAPI+".STREAM.LEADER.STEPDOWN."+s, jsAPI+".CONSUMER.LEADER.STEPDOWN."+s+".*")
+			pub(JSStreamLeaderStepDownSubject(s), JSConsumerLeaderStepDownSubject(s, "*"),
+				jsAPI+".STREAM.INFO."+s, jsAPI+".CONSUMER.LIST."+s)
+			sub(JSStreamLeaderElectedAdvisory(s), JSConsumerLeaderElectedAdvisory(s, "*"))
 		}
 	case RoleIPMover:
 		pub(streamRead(EventsStream)...)

@@ -37,6 +37,13 @@ type Config struct {
 	EventsMaxAge config.Duration `yaml:"events_max_age"`
 	// Replicas of every stream and bucket: 1 in a lab, 3 on a production cluster.
 	Replicas int `yaml:"replicas"`
+	// LeaderServers (read by the arbiter only) names, most preferred first,
+	// the NATS servers that may lead fan's raft groups; empty leaves leaders
+	// wherever the cluster elects them.
+	LeaderServers []string `yaml:"leader_servers"`
+	// System (arbiter only) reaches the system account, which the meta
+	// group's step-down needs; without it the meta leader is left alone.
+	System *SystemAccount `yaml:"system"`
 	// PingInterval bounds how long a dead server connection goes unnoticed
 	// (twice this, as two pings may be outstanding).
 	PingInterval config.Duration `yaml:"ping_interval"`
@@ -162,6 +169,9 @@ func (c *Config) Validate() error {
 	}
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
 		return config.Errf("bus.tls", "cert and key go together")
+	}
+	if err := c.validateLeaders(); err != nil {
+		return err
 	}
 	if c.Replicas < 0 || c.Replicas > 5 {
 		return config.Errf("bus.replicas", "must be 1..5, got %d", c.Replicas)

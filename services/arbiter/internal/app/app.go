@@ -106,6 +106,7 @@ func (s *Service) Run(ctx context.Context) error {
 			return err
 		}
 		s.lease = l
+		defer s.runSteward(ctx, rt)()
 		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Bus.Emit, s.log)
 		if hh := s.cfg.HTTPHeartbeat; hh.Listen != "" {
 			stop, err := s.serveHeartbeats(hh, rt.Bus.Emit)
