@@ -60,11 +60,13 @@ type Options struct {
 	// single. A lab for the dedicated topology needs its extra hosts
 	// (Topology.LabSpec).
 	Topology Topology
-	// LeaderPlacement, in a three-server topology, writes the arbiter keys
-	// that keep raft leaders and the lease off the PBX hosts: bus.leader_servers
-	// naming the witness's server, and standby: true on the replicas that
-	// share a host with a PBX node.
+	// LeaderPlacement, in a three-server topology, writes the arbiter key
+	// that keeps raft leaders off the PBX hosts: bus.leader_servers naming
+	// the witness's server (colocated) or every server (dedicated).
 	LeaderPlacement bool
+	// StandbyArbiters, in the colocated topology, writes standby: true in
+	// the configs of the arbiter replicas that share a host with a PBX node.
+	StandbyArbiters bool
 }
 
 func (o *Options) defaults() {
@@ -200,6 +202,8 @@ func (s *Stack) hostData(host string) map[string]any {
 			}
 		}
 		d["LeaderServers"] = leaders
+	}
+	if s.opts.StandbyArbiters && s.opts.Topology == TopologyColocated {
 		d["Standby"] = slices.Contains(s.nodeNames(), host)
 	}
 	return d
