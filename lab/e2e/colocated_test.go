@@ -56,7 +56,8 @@ func TestColocatedTopology(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	if _, err := st.WaitAnswer(ctx, p, "n1", 30*time.Second); err != nil {
+	// Three servers electing their first leaders on a loaded machine.
+	if _, err := st.WaitAnswer(ctx, p, "n1", 60*time.Second); err != nil {
 		t.Fatalf("initial placement: %v", err)
 	}
 	settled := func(t *testing.T) {
