@@ -320,10 +320,11 @@ func (id Identity) Permissions() (Permissions, error) {
 			KVSubject(StateBucket, AllRegistryKeys(cl)))
 		// Leader step-downs of fan's streams and consumers (the meta
 		// leader's needs the system account, a separate identity).
-		// It lists each stream's consumers and reacts to leader elections.
-		for _, s := range []string{EventsStream, CommandsStream, kvStream(StateBucket)} {
+		// The steward lists the durable consumers to find their leaders
+		// and hears elections from the advisories.
+		for _, s := range []string{EventsStream, CommandsStream, KVStreamName(StateBucket)} {
 			pub(JSStreamLeaderStepDownSubject(s), JSConsumerLeaderStepDownSubject(s, "*"),
-				jsAPI+".STREAM.INFO."+s, jsAPI+".CONSUMER.LIST."+s)
+				jsAPI+".STREAM.INFO."+s, jsAPI+".CONSUMER.LIST."+s, jsAPI+".CONSUMER.INFO."+s+".*")
 			sub(JSStreamLeaderElectedAdvisory(s), JSConsumerLeaderElectedAdvisory(s, "*"))
 		}
 	case RoleIPMover:
@@ -423,10 +424,12 @@ func SystemPermissions(publicKey string) Permissions {
 	}
 	return Permissions{
 		Publish: Rule{Allow: []string{
-			jsAPI + ".META.LEADER.STEPDOWN",
-			"$SYS.REQ.SERVER.PING.JSZ", "$SYS.REQ.SERVER.PING.VARZ", "$SYS.REQ.SERVER.PING.STATZ",
+			JSMetaLeaderStepDownSubject, JSServerPingJSZ,
+			"$SYS.REQ.SERVER.PING.VARZ", "$SYS.REQ.SERVER.PING.STATZ",
 			"$SYS.REQ.SERVER.*.JSZ", "$SYS.REQ.SERVER.*.VARZ",
 		}},
-		Subscribe: Rule{Allow: []string{inbox}},
+		// The shared _INBOX too: the system account holds only the
+		// arbiters' step-down users, so nobody else's replies pass there.
+		Subscribe: Rule{Allow: dedupe([]string{inbox, "_INBOX.>", JSMetaLeaderElectedAdvisory})},
 	}
 }

@@ -109,7 +109,7 @@ func (g *gen) run() error {
 		if err := g.writeCA(dir); err != nil {
 			return err
 		}
-		if err := g.write(filepath.Join(dir, BusFile(id.file())), g.busSnippet(id), 0o644); err != nil {
+		if err := g.write(filepath.Join(dir, g.configName(id)), g.busSnippet(id), 0o644); err != nil {
 			return err
 		}
 	}
@@ -368,7 +368,7 @@ func list(ss []string) string {
 func (g *gen) urls() string {
 	var u []string
 	for _, s := range g.c.NATS {
-		u = append(u, "nats://"+net.JoinHostPort(s.Host, strconv.Itoa(s.ClientPort)))
+		u = append(u, "tls://"+net.JoinHostPort(s.Host, strconv.Itoa(s.ClientPort)))
 	}
 	return strings.Join(u, ",")
 }
@@ -471,18 +471,42 @@ func writeUser(b *strings.Builder, indent, nkey string, p events.Permissions) {
 	fmt.Fprintf(b, "%s} }\n", indent)
 }
 
-// busSnippet is the bus section of the identity's fan configuration.
+// FanctlFile is the fanctl configuration (fanctl --config) in an
+// operator's, auditor's or the admin's bundle.
+const FanctlFile = "fanctl.yaml"
+
+func isPerson(id identity) bool {
+	return id.Role == events.RoleOperator || id.Role == events.RoleAuditor || id.Role == events.RoleAdmin
+}
+
+func (g *gen) configName(id identity) string {
+	if isPerson(id) {
+		return FanctlFile
+	}
+	return BusFile(id.file())
+}
+
+// busSnippet is the bus section of a service's configuration, or a whole
+// fanctl configuration for a person.
 func (g *gen) busSnippet(id identity) []byte {
+	if isPerson(id) {
+		p := func(name string) string { return q(filepath.Join(g.c.FanDir, name)) }
+		var b strings.Builder
+		fmt.Fprintf(&b, "# fanctl --config for %s %s (cluster %s), written by fanctl nats-config.\n", id.Role, id.Name, g.c.Cluster)
+		fmt.Fprintf(&b, "cluster: %s\n", q(g.c.Cluster))
+		if id.Role == events.RoleOperator {
+			fmt.Fprintf(&b, "operator: %s\n", q(id.Name))
+		}
+		fmt.Fprintf(&b, "url: %s\nnkey_seed: %s\ntls:\n  ca: %s\n  cert: %s\n  key: %s\n",
+			q(g.urls()), p(SeedFile(id.file())), p(caCert), p(CertFile(id.file())), p(KeyFile(id.file())))
+		return []byte(b.String())
+	}
 	p := func(name string) string { return q(filepath.Join(g.c.FanDir, name)) }
 	var b strings.Builder
 	what := "fan-" + string(id.Role)
 	switch {
 	case id.System:
 		what = "the arbiter's leader step-downs (system account)"
-	case id.Role == events.RoleOperator || id.Role == events.RoleAuditor:
-		what = "fanctl as " + string(id.Role) + " " + id.Name
-	case id.Role == events.RoleAdmin:
-		what = "fanctl provision (the admin)"
 	}
 	fmt.Fprintf(&b, "# bus section for %s on %s (cluster %s), written by fanctl nats-config.\n", what, id.Dir, g.c.Cluster)
 	fmt.Fprintf(&b, "bus:\n  url: %s\n  nkey_seed: %s\n  tls:\n    ca: %s\n    cert: %s\n    key: %s\n",
