@@ -99,10 +99,12 @@ func (g *gen) run() error {
 			return err
 		}
 		g.pubKey[i] = pub
-		cn := string(id.Role) + "@" + id.Name
 		if id.System {
-			cn = "arbiter-system@" + id.Name
+			// bus.system of the arbiter's configuration: the same
+			// certificate, this seed.
+			continue
 		}
+		cn := string(id.Role) + "@" + id.Name
 		if err := g.cert(dir, CertFile(id.file()), KeyFile(id.file()), cn, nil, nil, false); err != nil {
 			return err
 		}
@@ -503,13 +505,14 @@ func (g *gen) busSnippet(id identity) []byte {
 	}
 	p := func(name string) string { return q(filepath.Join(g.c.FanDir, name)) }
 	var b strings.Builder
-	what := "fan-" + string(id.Role)
-	switch {
-	case id.System:
-		what = "the arbiter's leader step-downs (system account)"
-	}
-	fmt.Fprintf(&b, "# bus section for %s on %s (cluster %s), written by fanctl nats-config.\n", what, id.Dir, g.c.Cluster)
+	fmt.Fprintf(&b, "# bus section for fan-%s on %s (cluster %s), written by fanctl nats-config.\n", id.Role, id.Dir, g.c.Cluster)
 	fmt.Fprintf(&b, "bus:\n  url: %s\n  nkey_seed: %s\n  tls:\n    ca: %s\n    cert: %s\n    key: %s\n",
 		q(g.urls()), p(SeedFile(id.file())), p(caCert), p(CertFile(id.file())), p(KeyFile(id.file())))
+	if id.Role == events.RoleArbiter {
+		sys := id
+		sys.System = true
+		fmt.Fprintf(&b, "  # The system account, for the meta leader's step-downs (with leader_servers).\n")
+		fmt.Fprintf(&b, "  system:\n    nkey_seed: %s\n", p(SeedFile(sys.file())))
+	}
 	return []byte(b.String())
 }
