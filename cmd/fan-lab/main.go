@@ -17,6 +17,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -86,7 +87,7 @@ func run() error {
 	defer stopEvents()
 	var wg sync.WaitGroup
 	wg.Add(1)
-	go func() { defer wg.Done(); followEvents(evCtx, l, absBin, st.NATSURL(), tl) }()
+	go func() { defer wg.Done(); followEvents(evCtx, l, absBin, st.FanctlArgs(), tl) }()
 
 	p, err := st.Pinger()
 	if err != nil {
@@ -118,7 +119,7 @@ func run() error {
 	}
 	if *keep {
 		tl.say("lab kept running; Ctrl-C to tear it down. Try: ip netns exec " + mustNS(l, netlab.ControlHost) +
-			" " + filepath.Join(absBin, "fanctl") + " --url " + st.NATSURL() + " events --follow")
+			" " + filepath.Join(absBin, "fanctl") + " " + strings.Join(st.FanctlArgs(), " ") + " events --follow")
 		<-ctx.Done()
 	}
 	stopEvents()
@@ -174,9 +175,9 @@ func (t *timeline) line(at time.Time, who, text string) {
 func (t *timeline) say(text string) { t.line(time.Now(), "lab", text) }
 
 // followEvents tails the bus through fanctl on the control host.
-func followEvents(ctx context.Context, l *netlab.Lab, bin, url string, tl *timeline) {
-	cmd := exec.CommandContext(ctx, "ip", "netns", "exec", mustNS(l, netlab.ControlHost), filepath.Join(bin, "fanctl"),
-		"--url", url, "events", "--follow", "--json", "--since", "all")
+func followEvents(ctx context.Context, l *netlab.Lab, bin string, conn []string, tl *timeline) {
+	argv := append([]string{"netns", "exec", mustNS(l, netlab.ControlHost), filepath.Join(bin, "fanctl")}, conn...)
+	cmd := exec.CommandContext(ctx, "ip", append(argv, "events", "--follow", "--json", "--since", "all")...)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		tl.say("cannot follow events: " + err.Error())

@@ -2,6 +2,11 @@
 // small fan binary: alone for a lab, or as one member of a three-server
 // cluster (-cluster-name, -cluster-listen, -routes) for production. The
 // stock nats-server works as well.
+//
+// A client or route listener off loopback needs authentication and TLS
+// (-server-config, a nats-server file as `fanctl nats-config` writes it);
+// without them fan-nats refuses to start unless -insecure-lab says the bus
+// is a throwaway lab.
 package main
 
 import (
@@ -36,6 +41,9 @@ func main() {
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fan-nats:", err)
 		os.Exit(1)
+	}
+	if e.InsecureLab {
+		log.Warn("insecure lab: clients may connect without TLS or authentication", "listen", e.Listen)
 	}
 	log.Info("ready", "url", srv.ClientURL(), "server_name", e.ServerName, "cluster", e.Cluster.Name,
 		"routes", e.Cluster.Routes, "version", version)

@@ -7,6 +7,7 @@ var configTemplates = map[string]string{
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- template "busauth" .}}
 {{- if gt .Replicas 1}}
   replicas: {{.Replicas}}
 {{- end}}
@@ -51,6 +52,7 @@ groups:
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- template "busauth" .}}
 {{- if gt .Replicas 1}}
   replicas: {{.Replicas}}
 {{- end}}
@@ -74,6 +76,7 @@ bus_loss:
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- template "busauth" .}}
 {{- if gt .Replicas 1}}
   replicas: {{.Replicas}}
 {{- end}}
@@ -103,6 +106,7 @@ astdb:
 node: {{.Node}}
 bus:
   url: {{.NATS}}
+{{- template "busauth" .}}
 {{- if gt .Replicas 1}}
   replicas: {{.Replicas}}
 {{- end}}
@@ -117,6 +121,7 @@ standby: true
 {{- end}}
 bus:
   url: {{.NATS}}
+{{- template "busauth" .}}
 {{- if gt .Replicas 1}}
   replicas: {{.Replicas}}
 {{- end}}
@@ -143,3 +148,19 @@ policy:
 {{- end}}
 `,
 }
+
+// busAuthTemplate is the bus section's identity and TLS, appended to every
+// service's bus.url: the service's own nkey and the lab CA when the stack
+// runs with credentials, or insecure_lab when it runs a plain bus.
+const busAuthTemplate = `
+{{- if .BusSeed}}
+  nkey_seed: {{.BusSeed}}
+  tls:
+    ca: {{.BusCA}}
+{{- if .BusCert}}
+    cert: {{.BusCert}}
+    key: {{.BusKey}}
+{{- end}}
+{{- else}}
+  insecure_lab: true
+{{- end}}`

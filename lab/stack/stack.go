@@ -360,8 +360,14 @@ func (s *Stack) writeConfig(host, svc string, data map[string]any) (string, erro
 	if !ok {
 		return "", fmt.Errorf("no config template for %s", svc)
 	}
+	data = clone(data)
+	for k, v := range s.busAuth(host, svc) {
+		data[k] = v
+	}
+	t := template.Must(template.New(svc).Parse(tmpl))
+	template.Must(t.New("busauth").Parse(busAuthTemplate))
 	var buf bytes.Buffer
-	if err := template.Must(template.New(svc).Parse(tmpl)).Execute(&buf, data); err != nil {
+	if err := t.ExecuteTemplate(&buf, svc, data); err != nil {
 		return "", fmt.Errorf("config %s: %w", svc, err)
 	}
 	p := filepath.Join(s.dir, host+"-"+svc+".yaml")
@@ -440,8 +446,7 @@ func (s *Stack) KillPBX(ctx context.Context, node string) error {
 
 // Events reads the whole audit trail through fanctl on the control host.
 func (s *Stack) Events(ctx context.Context) ([]Event, error) {
-	out, err := s.Lab.Exec(ctx, netlab.ControlHost, filepath.Join(s.opts.BinDir, "fanctl"),
-		"--url", s.NATSURL(), "--cluster", s.opts.Cluster, "events", "--since", "all", "--json")
+	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "events", "--since", "all", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("fanctl events: %w", err)
 	}
@@ -520,8 +525,7 @@ func FindFailoverChain(evs []Event, from, to string) (FailoverChain, error) {
 
 // Status runs `fanctl status --json` on the control host.
 func (s *Stack) Status(ctx context.Context) ([]events.GroupStatus, error) {
-	out, err := s.Lab.Exec(ctx, netlab.ControlHost, filepath.Join(s.opts.BinDir, "fanctl"),
-		"--url", s.NATSURL(), "--cluster", s.opts.Cluster, "status", "--json")
+	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "status", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("fanctl status: %w: %s", err, out)
 	}

@@ -30,7 +30,7 @@ var ErrUsage = errors.New("usage")
 func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
 	fs := flag.NewFlagSet("fan-nats", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "", "YAML file with the keys of bus.embedded (store_dir, listen, server_name, tags, cluster: {name, listen, routes}); flags given override it")
+	cfgPath := fs.String("config", "", "YAML file with the keys of bus.embedded (store_dir, listen, server_name, tags, cluster: {name, listen, routes}, server_config, insecure_lab); flags given override it")
 	listen := fs.String("listen", DefaultListen, "client address (host:port)")
 	store := fs.String("store", DefaultStore, "JetStream store directory")
 	name := fs.String("name", DefaultName, "server name (unique in a cluster)")
@@ -38,6 +38,8 @@ func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
 	clusterName := fs.String("cluster-name", "", "cluster name; set to join a cluster")
 	clusterListen := fs.String("cluster-listen", "", "route address the other members dial (host:port)")
 	routes := fs.String("routes", "", "the members' route addresses, comma separated (host:port or nats-route://host:port)")
+	serverConf := fs.String("server-config", "", "nats-server configuration file: authorization, accounts, tls (fanctl nats-config writes it)")
+	insecure := fs.Bool("insecure-lab", false, "allow a listener off loopback without authentication or TLS (throwaway labs only)")
 	if err := fs.Parse(args); err != nil {
 		return bus.Embedded{}, ErrUsage
 	}
@@ -72,6 +74,10 @@ func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
 			e.Cluster.Listen = *clusterListen
 		case "routes":
 			e.Cluster.Routes = split(*routes)
+		case "server-config":
+			e.ServerConfig = *serverConf
+		case "insecure-lab":
+			e.InsecureLab = *insecure
 		}
 	})
 	if err := e.Validate(""); err != nil {

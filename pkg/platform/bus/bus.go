@@ -47,6 +47,10 @@ type Config struct {
 	// PingInterval bounds how long a dead server connection goes unnoticed
 	// (twice this, as two pings may be outstanding).
 	PingInterval config.Duration `yaml:"ping_interval"`
+	// InsecureLab lets this client speak to a server that is not on
+	// loopback without TLS or without an identity. Only for a throwaway lab:
+	// anyone on the path can then read and forge every event and command.
+	InsecureLab bool `yaml:"insecure_lab"`
 }
 
 // TLSConfig enables TLS (and mutual TLS when Cert and Key are set).
@@ -71,6 +75,14 @@ type Embedded struct {
 	// "host:witness"); JetStream ignores them without a placement request.
 	Tags    []string        `yaml:"tags"`
 	Cluster EmbeddedCluster `yaml:"cluster"`
+	// ServerConfig is a nats-server configuration file (its authorization,
+	// accounts and tls blocks, as `fanctl nats-config` writes them) applied
+	// first; the keys above win where both are set.
+	ServerConfig string `yaml:"server_config"`
+	// InsecureLab lets a client or route listener be on an address other
+	// than loopback with no authentication or no TLS. Only for a throwaway
+	// lab: anyone who reaches the port runs the cluster.
+	InsecureLab bool `yaml:"insecure_lab"`
 }
 
 // EmbeddedCluster joins the embedded server to a NATS cluster. The zero
@@ -176,7 +188,7 @@ func (c *Config) Validate() error {
 	if c.Replicas < 0 || c.Replicas > 5 {
 		return config.Errf("bus.replicas", "must be 1..5, got %d", c.Replicas)
 	}
-	return nil
+	return c.checkSecure()
 }
 
 // Identity names the service instance on the bus.
@@ -358,6 +370,15 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 		JetStreamMaxMemory: 64 << 20,
 		JetStreamMaxStore:  1 << 30,
 	}
+	if e.ServerConfig != "" {
+		// The file brings authorization, accounts and TLS; the keys of
+		// Embedded, set again here and below, win over it.
+		if err := opts.ProcessConfigFile(e.ServerConfig); err != nil {
+			return nil, fmt.Errorf("embedded nats server config %s: %w", e.ServerConfig, err)
+		}
+		opts.JetStream, opts.StoreDir, opts.NoSigs = true, e.StoreDir, true
+		opts.DontListen, opts.ServerName = e.Listen == "", e.ServerName
+	}
 	if opts.ServerName == "" {
 		opts.ServerName = "fan-embedded"
 	}
@@ -388,6 +409,9 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 			}
 			opts.Routes = append(opts.Routes, u)
 		}
+	}
+	if err := checkListeners(opts, e.InsecureLab); err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
 	srv, err := server.NewServer(opts)
 	if err != nil {
