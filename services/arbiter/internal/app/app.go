@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
+	"slices"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -60,6 +61,20 @@ type Service struct {
 
 	lastStatus map[string]events.GroupStatus
 	statusAt   time.Time
+
+	// Every state in which this replica holds the lease but cannot
+	// command is bounded by cfg.RestoreWithin (see README, "How it fails").
+	conds *daemon.Conditions
+	// restoring is set from taking the lease until its state is restored;
+	// restoreEpoch is the term being restored.
+	restoring    bound
+	restoreEpoch uint64
+	// unwritable is set while decisions cannot be persisted.
+	unwritable bound
+	// releasedUntil: the conditions raised before a release stay up until
+	// this replica may campaign again.
+	releasedUntil time.Time
+	metrics       *arbiterMetrics
 }
 
 // Build loads and validates the configuration; it starts nothing.
@@ -94,6 +109,10 @@ type input struct {
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "arbiter", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
 		s.bus = rt.Bus
+		s.conds = rt.Conditions
+		s.conds.Declare(condRestoreFailed, condStateUnwritable)
+		s.metrics = newArbiterMetrics(rt.Metrics)
+		s.restoring.within, s.unwritable.within = s.cfg.RestoreWithin.D(), s.cfg.RestoreWithin.D()
 		kv, err := rt.Bus.StateKV(ctx)
 		if err != nil {
 			return err
@@ -115,11 +134,19 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 			defer stop()
 		}
-		regDone := make(chan struct{})
-		go func() { s.runRegistry(ctx); close(regDone) }()
-		weightsDone := make(chan struct{})
-		go func() { s.runWeights(ctx); close(weightsDone) }()
-		defer func() { <-weightsDone }()
+		// Every goroutine below is essential: an arbiter whose watch ended
+		// would hold the lease deciding on nothing, so any of them ending
+		// ends the service, and systemd restarts it.
+		g, ctx := daemon.NewGroup(ctx)
+		g.Go("registry", func(ctx context.Context) error { s.runRegistry(ctx); return nil })
+		g.Go("weights", func(ctx context.Context) error {
+			if !slices.ContainsFunc(s.cfg.Groups, func(g GroupConfig) bool { return g.Weights.Enabled }) {
+				<-ctx.Done() // nothing to track: runWeights returns at once
+				return nil
+			}
+			s.runWeights(ctx)
+			return nil
+		})
 
 		// Operator requests: every replica listens, only the leader answers
 		// (a follower stays silent so that it never races the leader's reply).
@@ -166,21 +193,19 @@ func (s *Service) Run(ctx context.Context) error {
 			case <-ctx.Done():
 			}
 		}
-		watchDone := make(chan error, 2)
-		go func() {
-			watchDone <- rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{
+		g.Go("watch", func(ctx context.Context) error {
+			return rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{
 				events.AllHealth(s.cfg.Cluster), events.AllHeartbeats(s.cfg.Cluster),
 				events.AllCommandResults(s.cfg.Cluster), events.AllReplication(s.cfg.Cluster),
 			}}, toCore)
-		}()
+		})
 		// A permit in force was published up to the scheduler's tick_every
 		// ago: start from each group's last one, or a restarted arbiter would
 		// not fail back inside an open window until the next tick.
-		go func() {
-			watchDone <- rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllPermits(s.cfg.Cluster)}, LastPerSubject: true}, toCore)
-		}()
-		leaseDone := make(chan struct{})
-		go func() { l.Run(ctx, changes); close(leaseDone) }()
+		g.Go("watch_permits", func(ctx context.Context) error {
+			return rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllPermits(s.cfg.Cluster)}, LastPerSubject: true}, toCore)
+		})
+		g.Go("lease", func(ctx context.Context) error { l.Run(ctx, changes); return nil })
 
 		t := time.NewTicker(s.cfg.Policy.TickEvery.D())
 		defer t.Stop()
@@ -191,9 +216,13 @@ func (s *Service) Run(ctx context.Context) error {
 		for {
 			select {
 			case <-ctx.Done():
-				<-leaseDone
-				<-regDone
-				return errors.Join(<-watchDone, <-watchDone)
+				// The lease's last change (stepping down) may still be
+				// queued; nobody needs it now.
+				go func() {
+					for range changes {
+					}
+				}()
+				return g.Wait()
 			case in := <-inputs:
 				s.execute(ctx, s.core.Handle(time.Now(), in.env, in.p))
 			case b := <-beacons:
@@ -206,6 +235,7 @@ func (s *Service) Run(ctx context.Context) error {
 				}
 			case now := <-t.C:
 				alive.Alive()
+				s.retryStuck(ctx, now)
 				s.execute(ctx, s.core.Tick(now))
 				s.writeStatus(ctx, now)
 			}
@@ -216,26 +246,111 @@ func (s *Service) Run(ctx context.Context) error {
 // leadership switches the core. A new leader first restores what the
 // previous one persisted, so it continues from the same holder and claim.
 func (s *Service) leadership(ctx context.Context, ch lease.Change) {
-	var restored decide.State
 	if ch.Leading {
-		st, err := s.restore(ctx)
-		if err != nil {
-			// Without the previous state this replica could command a
-			// second holder: keep following until the next attempt.
-			s.log.Error("cannot restore arbiter state; not commanding", "err", err)
-			return
-		}
-		restored = st
+		s.restoring.reset()
+		s.restoreEpoch = ch.Epoch
+		s.tryRestore(ctx, time.Now())
+		return
 	}
-	if err := s.core.SetLeadership(ch.Epoch, ch.Leading); err != nil {
+	s.restoring.reset()
+	s.unwritable.reset()
+	if err := s.core.SetLeadership(ch.Epoch, false); err != nil {
 		s.log.Error("leadership change refused by the core", "epoch", ch.Epoch, "err", err)
 		return
 	}
-	s.log.Info("leadership", "leading", ch.Leading, "epoch", ch.Epoch)
-	if ch.Leading {
-		s.reissueUnsentClaims(ctx, restored)
+	s.log.Info("leadership", "leading", false, "epoch", ch.Epoch)
+}
+
+// tryRestore is one attempt to restore the state of the term just taken
+// and, if it works, to start commanding. Without the previous state this
+// replica could command a second holder, so it does not command; but it
+// holds the lease, so every other replica is kept from commanding too:
+// after restore_within it gives the lease up (see giveUp).
+func (s *Service) tryRestore(ctx context.Context, now time.Time) {
+	epoch := s.restoreEpoch
+	// An attempt never runs past the bound: a read that hangs (no raft
+	// leader) must not stretch the time the lease is held for nothing.
+	budget := s.cfg.RestoreWithin.D()
+	if s.restoring.failing() {
+		budget -= now.Sub(s.restoring.since)
+	}
+	rctx, cancel := context.WithTimeout(ctx, max(min(retryMax, budget), 50*time.Millisecond))
+	st, err := s.restore(rctx)
+	cancel()
+	if err == nil && (!s.lease.Leading() || s.lease.Epoch() != epoch) {
+		s.restoring.reset()
+		s.conds.Clear(condRestoreFailed)
+		s.log.Warn("restore finished after the lease was lost; not commanding", "epoch", epoch)
+		return
+	}
+	if err != nil {
+		over := s.restoring.failed(now)
+		s.conds.Raise(condRestoreFailed, fmt.Sprintf("holding the lease (epoch %d) without commanding since %s: %v",
+			epoch, s.restoring.since.UTC().Format(time.RFC3339Nano), err))
+		s.metrics.restoreFailures.Inc()
+		if over {
+			s.log.Error("cannot restore arbiter state within restore_within; releasing the lease", "epoch", epoch,
+				"restore_within", s.cfg.RestoreWithin.D().String(), "err", err)
+			s.giveUp(ctx, now, "restore_failed")
+			return
+		}
+		s.log.Warn("cannot restore arbiter state; not commanding, retrying", "epoch", epoch,
+			"retry_in", s.restoring.next.Sub(now).String(), "err", err)
+		return
+	}
+	s.restoring.reset()
+	s.conds.Clear(condRestoreFailed)
+	if err := s.core.SetLeadership(epoch, true); err != nil {
+		s.log.Error("leadership change refused by the core", "epoch", epoch, "err", err)
+		return
+	}
+	s.log.Info("leadership", "leading", true, "epoch", epoch)
+	s.reissueUnsentClaims(ctx, st)
+}
+
+// retryStuck runs the retries that are due, and clears the conditions of a
+// release once this replica may campaign again.
+func (s *Service) retryStuck(ctx context.Context, now time.Time) {
+	if s.restoring.due(now) {
+		s.tryRestore(ctx, now)
+	}
+	if s.unwritable.due(now) {
+		if err := s.persist(ctx); err != nil {
+			s.persistFailed(ctx, now, err)
+		} else {
+			s.persisted()
+		}
+	}
+	if !s.releasedUntil.IsZero() && !now.Before(s.releasedUntil) {
+		s.releasedUntil = time.Time{}
+		if !s.restoring.failing() {
+			s.conds.Clear(condRestoreFailed)
+		}
+		if !s.unwritable.failing() {
+			s.conds.Clear(condStateUnwritable)
+		}
 	}
 }
+
+// giveUp releases the lease so that another replica can take over, and
+// keeps this one from campaigning for a lease TTL (long enough for every
+// other replica to campaign at least twice).
+func (s *Service) giveUp(ctx context.Context, now time.Time, reason string) {
+	epoch := s.lease.Epoch()
+	s.restoring.reset()
+	s.unwritable.reset()
+	holdOff := s.cfg.LeaseTTL.D()
+	s.lease.Release(ctx, holdOff, reason)
+	s.releasedUntil = now.Add(holdOff)
+	s.metrics.releases.WithLabelValues(reason).Inc()
+	if err := s.core.SetLeadership(epoch, false); err != nil {
+		s.log.Error("leadership change refused by the core", "epoch", epoch, "err", err)
+	}
+}
+
+// commanding reports whether this replica leads and has restored its term:
+// only then does it answer operators and write group status.
+func (s *Service) commanding() bool { return s.lease.Leading() && !s.restoring.failing() }
 
 func (s *Service) restore(ctx context.Context) (decide.State, error) {
 	var st decide.State
@@ -246,11 +361,18 @@ func (s *Service) restore(ctx context.Context) (decide.State, error) {
 	if err != nil {
 		return st, fmt.Errorf("read arbiter state: %w", err)
 	}
+	// A record that cannot be decoded or restored is corrupt: it will not
+	// get better by reading it again, and a leader that refuses to command
+	// until it does is stuck for good. Start from a view rebuilt from the
+	// group status instead (see rebuild).
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
-		return st, fmt.Errorf("decode arbiter state: %w", err)
+		return s.rebuild(ctx, fmt.Errorf("decode arbiter state (revision %d, %d bytes): %w", e.Revision(), len(e.Value()), err))
 	}
 	s.replayClaimResults(ctx, st)
-	return st, s.core.Restore(st)
+	if err := s.core.Restore(st); err != nil {
+		return s.rebuild(ctx, fmt.Errorf("restore arbiter state (revision %d): %w", e.Revision(), err))
+	}
+	return st, nil
 }
 
 // reissueUnsentClaims looks for each restored outstanding claim in the
@@ -360,7 +482,7 @@ func (s *Service) replayClaimResults(ctx context.Context, st decide.State) {
 // outcome, accepted or refused, is recorded again, citing the request, and
 // the decisions it causes cite that.
 func (s *Service) operate(ctx context.Context, m *nats.Msg) {
-	if !s.lease.Leading() {
+	if !s.commanding() {
 		return // the leader answers; a follower's "not me" would race it
 	}
 	reply := func(r events.OperatorReply) {
@@ -506,8 +628,10 @@ func (s *Service) execute(ctx context.Context, out decide.Output) bool {
 	}
 	if err := s.persist(ctx); err != nil {
 		s.log.Error("persist arbiter state failed; nothing published", "err", err)
+		s.persistFailed(ctx, time.Now(), err)
 		return false
 	}
+	s.persisted()
 	ok := true
 	src := s.bus.Source()
 	for _, e := range out.Emits {
@@ -542,16 +666,44 @@ func (s *Service) persist(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	pctx, cancel := context.WithTimeout(ctx, min(2*time.Second, s.cfg.RestoreWithin.D()))
 	defer cancel()
 	_, err = s.kv.Put(pctx, events.ArbiterStateKey(s.cfg.Cluster), b)
 	return err
 }
 
+// persistFailed bounds a leader that cannot persist: it publishes nothing
+// (a command never leaves without its state), so it retries the write;
+// past restore_within it gives the lease up.
+func (s *Service) persistFailed(ctx context.Context, now time.Time, err error) {
+	if !s.lease.Leading() {
+		s.unwritable.reset()
+		return
+	}
+	over := s.unwritable.failed(now)
+	s.conds.Raise(condStateUnwritable, fmt.Sprintf("cannot persist decisions since %s: %v",
+		s.unwritable.since.UTC().Format(time.RFC3339Nano), err))
+	if over {
+		s.log.Error("cannot persist arbiter state within restore_within; releasing the lease",
+			"restore_within", s.cfg.RestoreWithin.D().String(), "err", err)
+		s.giveUp(ctx, now, "state_unwritable")
+	}
+}
+
+func (s *Service) persisted() {
+	if s.unwritable.failing() {
+		s.log.Info("arbiter state persisted again")
+	}
+	s.unwritable.reset()
+	if s.releasedUntil.IsZero() {
+		s.conds.Clear(condStateUnwritable)
+	}
+}
+
 // writeStatus publishes each group's status for fanctl and for executors
 // restarting, when it changed or has grown stale. Only the leader writes.
 func (s *Service) writeStatus(ctx context.Context, now time.Time) {
-	if !s.lease.Leading() {
+	if !s.commanding() {
 		return
 	}
 	snap := s.core.Snapshot()

@@ -65,8 +65,15 @@ func (l *lab) cfg(node string) Config {
 
 // arbiter starts one replica; the returned function kills it (its lease
 // is not released: the server expires it, as after a crash).
-func (l *lab) arbiter(node string) context.CancelFunc {
-	svc, err := New(l.cfg(node), testLogger(node), "test")
+func (l *lab) arbiter(node string) context.CancelFunc { return l.arbiterWith(node, nil) }
+
+// arbiterWith is arbiter with the configuration changed by edit first.
+func (l *lab) arbiterWith(node string, edit func(*Config)) context.CancelFunc {
+	c := l.cfg(node)
+	if edit != nil {
+		edit(&c)
+	}
+	svc, err := New(c, testLogger(node), "test")
 	if err != nil {
 		l.t.Fatal(err)
 	}

@@ -27,6 +27,13 @@ type Config struct {
 	Registry RegistryConfig  `yaml:"registry"`
 	// HTTPHeartbeat is the REST endpoint for hosts without a prober.
 	HTTPHeartbeat HTTPHeartbeatConfig `yaml:"http_heartbeat"`
+
+	// RestoreWithin bounds how long a replica may hold the lease without
+	// commanding: a takeover whose state cannot be read (restored) or a
+	// leader whose decisions cannot be persisted releases the lease after
+	// this long so another replica can try. Default lease_ttl/3; at least
+	// 200ms, below lease_ttl.
+	RestoreWithin config.Duration `yaml:"restore_within"`
 }
 
 // HTTPHeartbeatConfig enables POST /api/servers/heartbeat and GET
@@ -175,6 +182,12 @@ func (c *Config) Validate() error {
 	}
 	if d := c.LeaseTTL.D(); d < time.Second || d%time.Second != 0 {
 		return config.Errf("lease_ttl", "must be whole seconds, at least 1s (the server's TTL granularity), got %v", d)
+	}
+	if c.RestoreWithin == 0 {
+		c.RestoreWithin = config.Duration(c.LeaseTTL.D() / 3)
+	}
+	if d := c.RestoreWithin.D(); d < 200*time.Millisecond || d >= c.LeaseTTL.D() {
+		return config.Errf("restore_within", "must be at least 200ms and below lease_ttl (%v), got %v", c.LeaseTTL.D(), d)
 	}
 	if len(c.Groups) == 0 {
 		return config.Errf("groups", "at least one group is required")

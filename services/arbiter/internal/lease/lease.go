@@ -67,6 +67,8 @@ type Lease struct {
 	epoch      uint64
 	lastSeq    uint64
 	validUntil time.Time
+	// holdOffUntil: after Release, no campaign before this time.
+	holdOffUntil time.Time
 }
 
 // New prepares a lease; Run campaigns.
@@ -124,6 +126,9 @@ func (l *Lease) attempt(ctx context.Context) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	sent := l.now()
+	if !l.leading && sent.Before(l.holdOffUntil) {
+		return // released on purpose: let another replica have it first
+	}
 	if l.leading && sent.After(l.validUntil) {
 		l.leading = false
 		l.log.Warn("lease deadline passed without a renewal: stepped down", "epoch", l.epoch)
@@ -175,6 +180,60 @@ func (l *Lease) stepDown(why string) {
 		l.leading = false
 		l.log.Info("released arbiter leadership", "epoch", l.epoch, "why", why)
 	}
+}
+
+// Release gives up the lease at once, for a leader that cannot command
+// (its state unreadable, its decisions unpersistable), and keeps this
+// replica from campaigning again for holdOff so that another can take it.
+// It deletes this term's lease messages (the acquisition and every
+// renewal not yet expired) by sequence. Every lease message between the
+// term's first and last sequence is this replica's (a candidate can only
+// publish on an empty subject), so a successor's lease is never touched;
+// once they are gone any other replica's campaign succeeds and every
+// command still fenced by this term is refused by the server. If a delete
+// fails the rest expire with their TTL, as after a crash.
+func (l *Lease) Release(ctx context.Context, holdOff time.Duration, why string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	now := l.now()
+	l.holdOffUntil = now.Add(holdOff)
+	if !l.leading {
+		return
+	}
+	l.leading = false
+	l.log.Warn("released the arbiter lease", "epoch", l.epoch, "why", why, "campaign_in", holdOff.String())
+	if !now.Before(l.validUntil) {
+		return // the server expires it (or already has)
+	}
+	dctx, cancel := context.WithTimeout(ctx, l.validUntil.Sub(now))
+	defer cancel()
+	if err := l.deleteTerm(dctx); err != nil {
+		l.log.Warn("lease release: could not delete the lease messages; they expire with their ttl", "epoch", l.epoch, "err", err)
+	}
+}
+
+func (l *Lease) deleteTerm(ctx context.Context) error {
+	st, err := l.js.Stream(ctx, bus.CommandsStream)
+	if err != nil {
+		return fmt.Errorf("open the command stream: %w", err)
+	}
+	for seq := l.epoch; seq <= l.lastSeq; {
+		m, err := st.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(l.subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("read lease message from sequence %d: %w", seq, err)
+		}
+		if m.Sequence > l.lastSeq {
+			return nil
+		}
+		if err := st.DeleteMsg(ctx, m.Sequence); err != nil && !errors.Is(err, jetstream.ErrMsgNotFound) {
+			return fmt.Errorf("delete lease message %d: %w", m.Sequence, err)
+		}
+		seq = m.Sequence + 1
+	}
+	return nil
 }
 
 // Leading reports whether this instance may command right now.
