@@ -315,6 +315,9 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(jsAPI+".STREAM.MSG.GET."+CommandsStream,
 			jsAPI+".DIRECT.GET."+CommandsStream,
 			jsAPI+".DIRECT.GET."+CommandsStream+".>")
+		// A leader that cannot command releases the lease by deleting its
+		// term's lease messages (no more power than commanding itself).
+		pub(jsAPI + ".STREAM.MSG.DELETE." + CommandsStream)
 		pub(KVSubject(StateBucket, ArbiterStateKey(cl)),
 			KVSubject(StateBucket, AllGroupStatusKeys(cl)),
 			KVSubject(StateBucket, AllRegistryKeys(cl)))
