@@ -69,6 +69,10 @@ type Service struct {
 	// restoreEpoch is the term being restored.
 	restoring    bound
 	restoreEpoch uint64
+	// commandEpoch is the term the core was made leader for; zero while
+	// it follows. The lease flips before the main loop hears of it, so
+	// the lease alone does not say the core is ready to command.
+	commandEpoch uint64
 	// unwritable is set while decisions cannot be persisted.
 	unwritable bound
 	// releasedUntil: the conditions raised before a release stay up until
@@ -254,6 +258,7 @@ func (s *Service) leadership(ctx context.Context, ch lease.Change) {
 	}
 	s.restoring.reset()
 	s.unwritable.reset()
+	s.commandEpoch = 0
 	if err := s.core.SetLeadership(ch.Epoch, false); err != nil {
 		s.log.Error("leadership change refused by the core", "epoch", ch.Epoch, "err", err)
 		return
@@ -304,6 +309,7 @@ func (s *Service) tryRestore(ctx context.Context, now time.Time) {
 		s.log.Error("leadership change refused by the core", "epoch", epoch, "err", err)
 		return
 	}
+	s.commandEpoch = epoch
 	s.log.Info("leadership", "leading", true, "epoch", epoch)
 	s.reissueUnsentClaims(ctx, st)
 }
@@ -342,6 +348,7 @@ func (s *Service) giveUp(ctx context.Context, now time.Time, reason string) {
 	holdOff := s.cfg.LeaseTTL.D()
 	s.lease.Release(ctx, holdOff, reason)
 	s.releasedUntil = now.Add(holdOff)
+	s.commandEpoch = 0
 	s.metrics.releases.WithLabelValues(reason).Inc()
 	if err := s.core.SetLeadership(epoch, false); err != nil {
 		s.log.Error("leadership change refused by the core", "epoch", epoch, "err", err)
@@ -349,8 +356,11 @@ func (s *Service) giveUp(ctx context.Context, now time.Time, reason string) {
 }
 
 // commanding reports whether this replica leads and has restored its term:
-// only then does it answer operators and write group status.
-func (s *Service) commanding() bool { return s.lease.Leading() && !s.restoring.failing() }
+// only then does it answer operators and write group status (a follower's
+// view written there would overwrite the holder a successor may need).
+func (s *Service) commanding() bool {
+	return s.commandEpoch != 0 && s.lease.Leading() && s.lease.Epoch() == s.commandEpoch
+}
 
 func (s *Service) restore(ctx context.Context) (decide.State, error) {
 	var st decide.State

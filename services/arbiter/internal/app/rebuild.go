@@ -83,6 +83,7 @@ func (s *Service) rebuild(ctx context.Context, corrupt error) (decide.State, err
 				freeze("group status unreadable")
 				break
 			}
+			s.log.Debug("rebuild: group status", "group", g.Name, "revision", e.Revision(), "status", string(e.Value()))
 			if slices.Contains(g.Nodes, gst.Holder) {
 				gs.Holder, gs.LastMove = gst.Holder, gst.Since
 			}
