@@ -57,6 +57,10 @@ bus:
   replicas: {{.Replicas}}
 {{- end}}
 interface: eth0
+# The only group and address this executor may ever hold.
+groups:
+  - name: pbx
+    prefixes: [{{.VIP}}]
 state_file: {{.Dir}}/{{.Node}}-ipmover-state.json
 answer:
   mode: hot

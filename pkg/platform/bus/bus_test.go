@@ -119,7 +119,7 @@ func TestCommandsReachOnlyTheirNodeAndAreAudited(t *testing.T) {
 	seen := make(chan events.ClaimIP, 4)
 	cctx, stop := context.WithCancel(ctx)
 	go func() {
-		_ = n2.ConsumeCommands(cctx, "n2", func(_ context.Context, env events.Envelope, c events.Command) {
+		_ = n2.ConsumeCommands(cctx, "n2", func(_ context.Context, env events.Envelope, c events.Command, _ uint64) {
 			seen <- *c.(*events.ClaimIP)
 		})
 	}()

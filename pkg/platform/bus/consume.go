@@ -135,8 +135,11 @@ func stopAndWait(cc jetstream.ConsumeContext) {
 }
 
 // CommandHandler carries out one command and publishes its result. It is
-// called one command at a time per node, in stream order.
-type CommandHandler func(ctx context.Context, env events.Envelope, cmd events.Command)
+// called one command at a time per node, in stream order. seq is the
+// command's sequence in the command stream: the lease records that start
+// terms live in the same stream, so a command's epoch is always below it
+// (an executor refuses an epoch that is not).
+type CommandHandler func(ctx context.Context, env events.Envelope, cmd events.Command, seq uint64)
 
 // ConsumeCommands feeds this node's commands to h until ctx ends. A command
 // that does not decode, does not match its subject or targets another node
@@ -183,7 +186,11 @@ func (b *Bus) handleCommand(ctx context.Context, node string, m jetstream.Msg, h
 		_ = m.TermWithReason("command for another node")
 		return
 	}
-	h(ctx, env, cmd)
+	var seq uint64
+	if md, err := m.Metadata(); err == nil {
+		seq = md.Sequence.Stream
+	}
+	h(ctx, env, cmd, seq)
 	b.ack(ctx, m, env.ID)
 }
 

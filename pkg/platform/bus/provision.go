@@ -73,6 +73,10 @@ func (b *Bus) commandsConfig() jetstream.StreamConfig {
 		MaxAge:      time.Hour,
 		Duplicates:  CommandDedupeWindow,
 		AllowMsgTTL: true,
+		// Executors read lease records by sequence to check that a
+		// command's epoch is a term that exists; direct gets are answered
+		// by any replica and cost the stream leader nothing.
+		AllowDirect: true,
 	}
 }
 
@@ -151,6 +155,8 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 		return fmt.Sprintf("deny delete %v and purge %v, want %v and %v", have.DenyDelete, have.DenyPurge, want.DenyDelete, want.DenyPurge)
 	case have.AllowMsgTTL != want.AllowMsgTTL:
 		return fmt.Sprintf("allow msg ttl %v, want %v", have.AllowMsgTTL, want.AllowMsgTTL)
+	case have.AllowDirect != want.AllowDirect:
+		return fmt.Sprintf("allow direct %v, want %v", have.AllowDirect, want.AllowDirect)
 	}
 	return ""
 }

@@ -49,7 +49,7 @@ func TestConsumeCommandsRefusesAnotherNodesCommand(t *testing.T) {
 	}
 	seen := make(chan events.Envelope, 4)
 	go func() {
-		_ = n1.ConsumeCommands(ctx, "n1", func(_ context.Context, env events.Envelope, _ events.Command) { seen <- env })
+		_ = n1.ConsumeCommands(ctx, "n1", func(_ context.Context, env events.Envelope, _ events.Command, _ uint64) { seen <- env })
 	}()
 	select {
 	case env := <-seen:

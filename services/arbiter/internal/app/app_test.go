@@ -174,7 +174,7 @@ func (l *lab) nodesUp(ctx context.Context) {
 func (l *lab) executor(ctx context.Context, node string) {
 	b := bustest.Connect(l.t, l.s, bus.Identity{Cluster: "lab", Service: "ipmover", Node: node})
 	go func() {
-		_ = b.ConsumeCommands(ctx, node, func(ctx context.Context, env events.Envelope, cmd events.Command) {
+		_ = b.ConsumeCommands(ctx, node, func(ctx context.Context, env events.Envelope, cmd events.Command, _ uint64) {
 			l.mu.Lock()
 			gate := l.slow[node]
 			l.mu.Unlock()

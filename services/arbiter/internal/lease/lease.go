@@ -15,6 +15,16 @@
 // A leader that cannot renew stops commanding at a local deadline measured
 // on the monotonic clock from before its last successful renewal was sent,
 // minus a margin; the server can only expire the lease later than that.
+//
+// Only a valid successor deposes a leader. A successor acquires with "expect
+// no message on this subject", which the server grants only once every
+// record of the previous term has expired; so while the leader's own last
+// record is still stored, a newer record on the subject was written by
+// someone who did not follow the protocol (a forgery, or a client with a
+// stolen arbiter key), and the leader renews over it instead of stepping
+// down. Likewise a record older than the TTL (a forgery written without a
+// TTL, or with a longer one) does not block the lease: any candidate takes
+// it over, conditional on that record's sequence, so only one wins.
 package lease
 
 import (
@@ -58,6 +68,7 @@ type Lease struct {
 	cfg     Config
 	js      jetstream.JetStream
 	b       *bus.Bus
+	records *bus.LeaseRecords // opened at the first need
 	log     *slog.Logger
 	subject string
 	now     func() time.Time
@@ -88,11 +99,6 @@ func New(cfg Config, b *bus.Bus, log *slog.Logger) (*Lease, error) {
 	return &Lease{cfg: cfg, js: b.JS, b: b, log: log, subject: events.LeaseSubject(cfg.Cluster, "arbiter"), now: time.Now}, nil
 }
 
-type record struct {
-	Holder string    `json:"holder"`
-	Epoch  uint64    `json:"epoch,omitempty"`
-	At     time.Time `json:"at"`
-}
 
 // Run campaigns and renews until ctx ends, reporting every change on
 // changes (which it closes on return). On return it is no longer leading.
@@ -133,16 +139,20 @@ func (l *Lease) attempt(ctx context.Context) {
 		l.leading = false
 		l.log.Warn("lease deadline passed without a renewal: stepped down", "epoch", l.epoch)
 	}
-	rec := record{Holder: l.cfg.Holder, Epoch: l.epoch, At: sent.UTC()}
 	expect := uint64(0)
 	if l.leading {
 		expect = l.lastSeq
 	}
-	data, _ := json.Marshal(rec)
 	actx, cancel := context.WithTimeout(ctx, l.cfg.RenewEvery)
 	defer cancel()
-	ack, err := l.js.Publish(actx, l.subject, data,
-		jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(l.cfg.TTL))
+	ack, err := l.publishRecord(actx, sent, expect)
+	if isWrongSequence(err) {
+		// Someone else's record is last: take over only a record that does
+		// not count (see the package comment).
+		if over, ok := l.overridable(actx, sent); ok {
+			ack, err = l.publishRecord(actx, sent, over)
+		}
+	}
 	switch {
 	case err == nil:
 		if !l.leading {
@@ -162,6 +172,54 @@ func (l *Lease) attempt(ctx context.Context) {
 		// local deadline, which the next attempt checks.
 		l.log.Warn("lease renewal failed", "leading", l.leading, "err", err)
 	}
+}
+
+// publishRecord publishes a lease record conditional on the subject's last
+// sequence being expect (0: no record). A record that starts a term carries
+// no epoch: its own sequence is the term (events.LeaseRecord).
+func (l *Lease) publishRecord(ctx context.Context, at time.Time, expect uint64) (*jetstream.PubAck, error) {
+	rec := events.LeaseRecord{Holder: l.cfg.Holder, At: at.UTC()}
+	if l.leading {
+		rec.Epoch = l.epoch
+	}
+	data, _ := json.Marshal(rec)
+	return l.js.Publish(ctx, l.subject, data,
+		jetstream.WithExpectLastSequencePerSubject(expect), jetstream.WithMsgTTL(l.cfg.TTL))
+}
+
+// overridable reports whether the subject's last record may be published
+// over, and its sequence: a leader whose own last record is still stored
+// faces no valid successor; a candidate may take a record older than the
+// TTL. Caller holds mu.
+func (l *Lease) overridable(ctx context.Context, now time.Time) (uint64, bool) {
+	if l.records == nil {
+		r, err := l.b.LeaseRecords(ctx, events.ArbiterLease)
+		if err != nil {
+			l.log.Warn("cannot read lease records", "err", err)
+			return 0, false
+		}
+		l.records = r
+	}
+	last, stored, found, err := l.records.LastStored(ctx)
+	if err != nil || !found {
+		return 0, false // gone meanwhile: the next attempt acquires normally
+	}
+	if l.leading {
+		if _, mine, err := l.records.At(ctx, l.lastSeq); err == nil && mine {
+			l.log.Warn("lease record written over this term by no valid successor; renewing over it",
+				"epoch", l.epoch, "own_seq", l.lastSeq, "foreign_seq", last)
+			return last, true
+		}
+		return 0, false
+	}
+	// The server's storage time: a few seconds of clock skew between hosts
+	// only delays or hastens the takeover of a record that is dead anyway.
+	if age := now.Sub(stored); age > l.cfg.TTL {
+		l.log.Warn("lease record older than the ttl still stored (not written by a fan arbiter's rules); taking over",
+			"seq", last, "age", age.Round(time.Millisecond), "ttl", l.cfg.TTL)
+		return last, true
+	}
+	return 0, false
 }
 
 func isWrongSequence(err error) bool {
@@ -263,6 +321,16 @@ func (l *Lease) PublishCommand(ctx context.Context, env events.Envelope, cmd eve
 		return fmt.Errorf("publish %s: epoch %d is not the lease's %d: %w", env.ID, env.Epoch, l.epoch, ErrNotLeader)
 	}
 	err := l.b.Publish(ctx, env, cmd, jetstream.WithExpectLastSequenceForSubject(l.lastSeq, l.subject))
+	if isWrongSequence(err) {
+		// A record that is no valid successor does not depose: renew over
+		// it and publish again, once.
+		if over, ok := l.overridable(ctx, l.now()); ok {
+			if ack, rerr := l.publishRecord(ctx, l.now(), over); rerr == nil {
+				l.lastSeq = ack.Sequence
+				err = l.b.Publish(ctx, env, cmd, jetstream.WithExpectLastSequenceForSubject(l.lastSeq, l.subject))
+			}
+		}
+	}
 	if isWrongSequence(err) {
 		l.leading = false
 		l.log.Warn("command rejected by the server's fence: stepped down", "epoch", l.epoch, "event_id", env.ID)

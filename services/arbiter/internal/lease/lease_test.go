@@ -145,3 +145,53 @@ func TestConfigArithmetic(t *testing.T) {
 		}
 	}
 }
+
+// forge writes a lease record as a client ignoring the protocol would: no
+// condition, and no TTL (it would stay for the stream's max age, an hour).
+func forge(t *testing.T, s *server.Server) uint64 {
+	t.Helper()
+	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "mallory"})
+	ack, err := b.JS.Publish(t.Context(), events.LeaseSubject("lab", events.ArbiterLease), []byte(`{"holder":"mallory","at":"2026-01-01T00:00:00Z"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// A forged record does not depose the leader: its own record is still
+// stored, so the forgery is no successor; it renews over it, keeps its term
+// and its commands still pass the server's fence.
+func TestForgedRecordDoesNotDepose(t *testing.T) {
+	s := bustest.Server(t)
+	a := newLease(t, s, "a")
+	ch, _ := run(t, a)
+	first := waitChange(t, ch, true, 3*time.Second)
+	forged := forge(t, s)
+	env, c := claim(first.Epoch)
+	if err := a.PublishCommand(t.Context(), env, c); err != nil {
+		t.Fatalf("command after a forged record: %v", err)
+	}
+	select {
+	case c := <-ch:
+		t.Fatalf("leadership changed after a forged record (seq %d): %+v", forged, c)
+	case <-time.After(1500 * time.Millisecond): // several renewals
+	}
+	if !a.Leading() || a.Epoch() != first.Epoch {
+		t.Fatalf("leading %v epoch %d, want leading in term %d", a.Leading(), a.Epoch(), first.Epoch)
+	}
+}
+
+// A forged record left with no leader (or outliving one) blocks the lease
+// only for the TTL, not for its own lifetime of an hour.
+func TestStaleForgedRecordIsTakenOver(t *testing.T) {
+	s := bustest.Server(t)
+	forged := forge(t, s)
+	start := time.Now()
+	a := newLease(t, s, "a")
+	ch, _ := run(t, a)
+	c := waitChange(t, ch, true, 5*time.Second)
+	if c.Epoch <= forged {
+		t.Fatalf("term %d does not follow the forged record %d", c.Epoch, forged)
+	}
+	t.Logf("lease taken over %v after a forged record", time.Since(start).Round(time.Millisecond))
+}

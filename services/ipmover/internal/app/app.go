@@ -27,10 +27,12 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/ipmover/internal/allow"
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
 	"github.com/fanpbx/fan/services/ipmover/internal/answer"
 	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
 	"github.com/fanpbx/fan/services/ipmover/internal/conflict"
+	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 	"github.com/fanpbx/fan/services/ipmover/internal/gateway"
 	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
@@ -49,6 +51,8 @@ type Service struct {
 	ns netns.NsHandle
 
 	fence    *fence.Store
+	allow    *allow.List
+	contract *execute.Contract
 	addrs    *vip.Manager
 	link     *announce.Link
 	loop     *reconcile.Loop
@@ -88,7 +92,11 @@ func Build(o daemon.Options) (daemon.Service, error) {
 
 // New builds an ipmover from a validated configuration.
 func New(cfg Config, log *slog.Logger, version string) *Service {
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, ns: netns.None(),
+	al, err := cfg.allowList()
+	if err != nil {
+		al = &allow.List{} // Validate refuses such a file; allow nothing
+	}
+	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, ns: netns.None(), allow: al,
 		claims: map[string]conflict.Claim{}, groups: map[string][]netip.Prefix{}}
 }
 
@@ -191,6 +199,11 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.pub = rt.Bus
 		s.watch = rt.Bus.Watch
+		leases, err := rt.Bus.LeaseRecords(ctx, events.ArbiterLease)
+		if err != nil {
+			return err
+		}
+		s.contract = s.newContract(execute.NewLeaseTerms(leases))
 		kv, kvErr := rt.Bus.StateKV(ctx)
 		s.kv = readKV(kv, kvErr)
 		s.listKeys = func(ctx context.Context) ([]string, error) {
@@ -254,7 +267,7 @@ func (s *Service) Run(ctx context.Context) error {
 			})
 		})
 
-		err := rt.Bus.ConsumeCommands(ctx, s.cfg.Node, s.handle)
+		err = rt.Bus.ConsumeCommands(ctx, s.cfg.Node, s.contract.Handle)
 
 		// Stop order matters: commands are no longer consumed and the loop,
 		// watcher and monitor are stopped, so nothing re-adds an address;
@@ -275,6 +288,16 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.bg.Wait()
 		return err
+	})
+}
+
+// newContract puts this executor under the command contract.
+func (s *Service) newContract(terms execute.Terms) *execute.Contract {
+	return execute.New(execute.Config{
+		Fence: s.fence, Terms: terms, Executor: s, Publisher: s.pub, Node: s.cfg.Node, Logger: s.log,
+		Observe: func(step string, el time.Duration) { s.m.steps.WithLabelValues(step).Observe(el.Seconds()) },
+		Count:   func(t events.Type, o events.Outcome) { s.m.commands.WithLabelValues(string(t), string(o)).Inc() },
+		Refused: func(reason string) { s.m.refused.WithLabelValues(reason).Inc() },
 	})
 }
 

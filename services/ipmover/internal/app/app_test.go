@@ -25,6 +25,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
+	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
 )
 
@@ -49,6 +50,9 @@ type harness struct {
 	pays  []events.Payload
 	svcs  map[string]*Service
 	stops map[string]func()
+	// terms are the lease terms the harness started (1..testTerms):
+	// executors refuse any other epoch.
+	terms []uint64
 }
 
 func newHarness(t *testing.T) *harness {
@@ -87,6 +91,12 @@ func newBusHarness(t *testing.T) *harness {
 	srv := bustest.Server(t)
 	h := &harness{t: t, srv: srv, dir: t.TempDir(), svcs: map[string]*Service{}, stops: map[string]func(){}}
 	h.ctl = bustest.Connect(t, srv, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
+	for i := range testTerms {
+		if term := h.startTerm(); term != uint64(i+1) {
+			t.Fatalf("lease record %d stored at sequence %d: the command stream is not fresh", i+1, term)
+		}
+		h.terms = append(h.terms, uint64(i+1))
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	watching := make(chan struct{})
 	go func() {
@@ -107,6 +117,7 @@ func (h *harness) config(node string) Config {
 	cfg := Config{
 		Common:          daemon.Common{Cluster: "lab", Node: node, Bus: bus.Config{URL: h.srv.ClientURL()}, ShutdownTimeout: config.Duration(5 * time.Second)},
 		Interface:       netnstest.LANInterface,
+		Groups:          []GroupConfig{{Name: "pbx", Prefixes: []string{vip4.String(), vip6.String()}}},
 		StateFile:       filepath.Join(h.dir, node+"-state.json"),
 		ReconcilePeriod: config.Duration(500 * time.Millisecond),
 		Conflict:        ConflictConfig{MinInterval: config.Duration(200 * time.Millisecond)},
@@ -173,6 +184,64 @@ func (h *harness) send(epoch uint64, cmd events.Command) events.Envelope {
 		h.t.Fatal(err)
 	}
 	return env
+}
+
+// sendRaw publishes cmd with any epoch at all, as a stranger could.
+func (h *harness) sendRaw(epoch uint64, cmd events.Command) events.Envelope {
+	h.t.Helper()
+	env, err := events.New(h.ctl.Source(), "lab", cmd, events.WithEpoch(1))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	env.Epoch = epoch
+	data, err := env.Encode()
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if _, err := h.ctl.JS.Publish(h.t.Context(), events.Subject(env, cmd), data); err != nil {
+		h.t.Fatal(err)
+	}
+	return env
+}
+
+// testTerms is how many lease terms a harness starts before anything else,
+// so the tests' epochs 1..testTerms are terms that exist (the first records
+// of a fresh command stream have sequences 1, 2, ...).
+const testTerms = 10
+
+// term checks that the test's epoch n is one of the terms the harness
+// started, and returns it.
+func (h *harness) term(n uint64) uint64 {
+	h.t.Helper()
+	if n < 1 || n > uint64(len(h.terms)) {
+		h.t.Fatalf("epoch %d: the harness started terms 1..%d only", n, len(h.terms))
+	}
+	return h.terms[n-1]
+}
+
+// startTerm publishes a lease record that starts a term, as the arbiter
+// does when it acquires the lease, and returns the term.
+func (h *harness) startTerm() uint64 {
+	h.t.Helper()
+	data, err := json.Marshal(events.LeaseRecord{Holder: "ctl", At: time.Now()})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	ack, err := h.ctl.JS.Publish(h.t.Context(), events.LeaseSubject("lab", events.ArbiterLease), data)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// lastSeq is the command stream's last sequence.
+func (h *harness) lastSeq() uint64 {
+	h.t.Helper()
+	st, err := h.ctl.JS.Stream(h.t.Context(), bus.CommandsStream)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return st.CachedInfo().State.LastSeq
 }
 
 func (h *harness) waitEvent(what string, match func(events.Envelope, events.Payload) bool) (events.Envelope, events.Payload) {
@@ -473,12 +542,18 @@ func TestRestartDoesNotReapply(t *testing.T) {
 	defer closeAll()
 	rec := &recorder{}
 	s2.pub = rec
-	s2.handle(t.Context(), env, claim)
+	leases, err := h.ctl.LeaseRecords(t.Context(), events.ArbiterLease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s2.contract = s2.newContract(execute.NewLeaseTerms(leases))
+	seq := h.lastSeq() + 1 // as if redelivered from the stream
+	s2.contract.Handle(t.Context(), env, claim, seq)
 	old, err := events.New(h.ctl.Source(), "lab", claimCmd("n1", true, ""), events.WithEpoch(4))
 	if err != nil {
 		t.Fatal(err)
 	}
-	s2.handle(t.Context(), old, claimCmd("n1", true, ""))
+	s2.contract.Handle(t.Context(), old, claimCmd("n1", true, ""), seq)
 	s2.bg.Wait()
 	if len(rec.got) != 2 {
 		t.Fatalf("%d results, want 2", len(rec.got))

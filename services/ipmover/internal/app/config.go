@@ -8,6 +8,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/ipmover/internal/allow"
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
 	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
 	"github.com/fanpbx/fan/services/ipmover/internal/gateway"
@@ -25,6 +26,11 @@ type Config struct {
 	DNS DNSConfig `yaml:"dns"`
 	// Dispatcher configures executor dispatcher.
 	Dispatcher DispatcherConfig `yaml:"dispatcher"`
+	// Groups are the only groups this node may ever hold, and the ranges
+	// their addresses must lie in. A command or a state-bucket entry for
+	// anything else is refused: the bus can be written by others, this
+	// file cannot. Required for executor ip.
+	Groups []GroupConfig `yaml:"groups"`
 	// Interface carries the floating addresses (the LAN the phones are on).
 	Interface string `yaml:"interface"`
 	// StateFile persists the highest epoch seen and the applied command ids,
@@ -41,6 +47,37 @@ type Config struct {
 	Conflict        ConflictConfig  `yaml:"conflict"`
 	BusLoss         BusLossConfig   `yaml:"bus_loss"`
 	Gateway         GatewayConfig   `yaml:"gateway"`
+}
+
+// GroupConfig is one group the node may hold.
+type GroupConfig struct {
+	Name string `yaml:"name"`
+	// Prefixes are the ranges the group's addresses lie in: an address
+	// must be inside one and have a prefix length no shorter than its
+	// (198.51.100.10/32 allows exactly 198.51.100.10/32; 198.51.100.0/24
+	// allows any 198.51.100.x/24 to /32).
+	Prefixes []string `yaml:"prefixes"`
+}
+
+// allowList builds the groups' allow-list.
+func (c *Config) allowList() (*allow.List, error) {
+	groups := make([]allow.Group, 0, len(c.Groups))
+	for i, g := range c.Groups {
+		ag := allow.Group{Name: g.Name}
+		for _, p := range g.Prefixes {
+			pp, err := netip.ParsePrefix(p)
+			if err != nil {
+				return nil, config.Errf(fmt.Sprintf("groups[%d].prefixes", i), "%v", err)
+			}
+			ag.Prefixes = append(ag.Prefixes, pp)
+		}
+		groups = append(groups, ag)
+	}
+	l, err := allow.New(groups)
+	if err != nil {
+		return nil, &config.FieldError{Key: "groups", Err: err}
+	}
+	return l, nil
 }
 
 // AnswerConfig says how this node's PBX is made to answer on a claimed address.
@@ -213,6 +250,12 @@ func (c *Config) Validate() error {
 	}
 	if c.Interface == "" {
 		return config.Errf("interface", "required")
+	}
+	if len(c.Groups) == 0 {
+		return config.Errf("groups", "required: the groups this node may hold and their address ranges (see README, upgrading)")
+	}
+	if _, err := c.allowList(); err != nil {
+		return err
 	}
 	if c.StateFile == "" {
 		return config.Errf("state_file", "required (it keeps commands at most once across restarts)")

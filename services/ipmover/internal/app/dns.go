@@ -7,13 +7,13 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/ipmover/internal/dnsupdate"
+	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
@@ -69,10 +69,6 @@ type dnsExecutor struct {
 	fence *fence.Store
 	up    *dnsupdate.Updater
 	sites map[string]dnsupdate.Values
-	pub   publisher
-	// mu serialises commands across the sites' consumers: they share the
-	// fencing state and the name.
-	mu sync.Mutex
 }
 
 func newDNSExecutor(cfg Config, log *slog.Logger) (*dnsExecutor, error) {
@@ -94,7 +90,14 @@ func (s *Service) runDNS(ctx context.Context) error {
 	}
 	sites := slices.Sorted(maps.Keys(s.cfg.DNS.Sites))
 	return daemon.Serve(ctx, s.cfg.Common, "ipmover", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		x.pub = rt.Bus
+		leases, err := rt.Bus.LeaseRecords(ctx, events.ArbiterLease)
+		if err != nil {
+			return err
+		}
+		// One contract for every site: the sites' consumers share the
+		// fencing state and the name, and it handles one command at a time.
+		contract := execute.New(execute.Config{Fence: x.fence, Terms: execute.NewLeaseTerms(leases), Executor: x,
+			Publisher: rt.Bus, Logger: x.log})
 		if v, serial, err := x.up.Current(ctx); err != nil {
 			s.log.Warn("dns executor: cannot read the name at start", "err", err)
 		} else {
@@ -103,7 +106,7 @@ func (s *Service) runDNS(ctx context.Context) error {
 		}
 		errs := make(chan error, len(sites))
 		for _, site := range sites {
-			go func() { errs <- rt.Bus.ConsumeCommands(ctx, site, x.handle) }()
+			go func() { errs <- rt.Bus.ConsumeCommands(ctx, site, contract.Handle) }()
 		}
 		var all []error
 		for range sites {
@@ -113,53 +116,21 @@ func (s *Service) runDNS(ctx context.Context) error {
 	})
 }
 
-// handle applies one command at most once and always reports it.
-func (x *dnsExecutor) handle(ctx context.Context, env events.Envelope, cmd events.Command) {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	received := time.Now()
-	steps := []events.Step{{Name: StepReceived, At: received}}
-	at := func(name string, t time.Time) {
-		steps = append(steps, events.Step{Name: name, At: t, ElapsedMS: float64(t.Sub(received).Microseconds()) / 1000})
-	}
+// Admit implements execute.Executor: only this name's group, only its sites.
+func (x *dnsExecutor) Admit(cmd events.Command) ([]string, error) {
 	group, node := cmd.Target()
-	log := x.log.With("event_id", env.ID, "type", env.Type, "epoch", env.Epoch, "group", group, "site", node)
-
-	outcome, applyErr := events.OutcomeApplied, error(nil)
-	switch v := x.fence.Check(env.ID, env.Epoch, cmd.Deadline(), received); v {
-	case fence.Apply:
-		if err := x.fence.Record(env.ID, env.Epoch); err != nil {
-			outcome, applyErr = events.OutcomeFailed, fmt.Errorf("persist command record: %w", err)
-			break
-		}
-		if err := x.apply(ctx, cmd, at); err != nil {
-			outcome, applyErr = events.OutcomeFailed, err
-		}
-	case fence.StaleEpoch:
-		outcome, applyErr = v.Outcome(), fmt.Errorf("epoch %d is older than epoch %d already seen", env.Epoch, x.fence.Snapshot().MaxEpoch)
-	case fence.Expired:
-		outcome, applyErr = v.Outcome(), fmt.Errorf("deadline %s passed %v ago", cmd.Deadline().Format(time.RFC3339Nano), received.Sub(cmd.Deadline()))
-	default:
-		outcome = v.Outcome()
+	if group != x.group {
+		return nil, fmt.Errorf("group %s is not moved by this dns executor (it serves %s): %w", group, x.group, execute.ErrNotAllowed)
 	}
-	res := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: node, Group: group, Outcome: outcome, Steps: steps}
-	if applyErr != nil {
-		res.Error = applyErr.Error()
-		log.Warn("command not applied", "outcome", outcome, "err", applyErr)
-	} else {
-		log.Info("command done", "outcome", outcome, "elapsed_ms", steps[len(steps)-1].ElapsedMS)
+	if !x.hasSite(node) {
+		return nil, fmt.Errorf("site %s is not one of this dns executor's sites: %w", node, execute.ErrNotAllowed)
 	}
-	if x.pub == nil {
-		return
-	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := x.pub.Emit(pctx, res, events.CausedBy(env), events.WithEpoch(env.Epoch)); err != nil {
-		log.Error("publish command result failed", "err", err)
-	}
+	return nil, nil
 }
 
-func (x *dnsExecutor) apply(ctx context.Context, cmd events.Command, at func(string, time.Time)) error {
+// Apply implements execute.Executor.
+func (x *dnsExecutor) Apply(ctx context.Context, _ events.Envelope, cmd events.Command, tl *execute.Timeline) error {
+	at := tl.At
 	switch c := cmd.(type) {
 	case *events.ClaimIP:
 		if c.Group != x.group {

@@ -16,14 +16,14 @@ import (
 	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/services/ipmover/internal/answer"
 	"github.com/fanpbx/fan/services/ipmover/internal/conflict"
-	"github.com/fanpbx/fan/services/ipmover/internal/fence"
+	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
 )
 
 // Step names of a claim, in order. They are the result event's step names
 // and the metric's step label.
 const (
-	StepReceived      = "received"
+	StepReceived      = execute.StepReceived
 	StepReleased      = "releases_confirmed"   // every release the claim names was answered
 	StepNotReleased   = "releases_unconfirmed" // claim.release_wait passed first
 	StepProbed        = "probed"
@@ -39,66 +39,27 @@ const (
 // while the previous holder is not known to be fenced.
 var ErrHeldElsewhere = errors.New("address answered by another host")
 
-type timeline struct {
-	received time.Time
-	steps    []events.Step
-	m        *metrics
-}
-
-func (t *timeline) at(name string, at time.Time) {
-	el := at.Sub(t.received)
-	t.steps = append(t.steps, events.Step{Name: name, At: at, ElapsedMS: float64(el.Microseconds()) / 1000})
-	t.m.steps.WithLabelValues(name).Observe(el.Seconds())
-}
-
-// handle applies one command and always reports what happened to it.
-func (s *Service) handle(ctx context.Context, env events.Envelope, cmd events.Command) {
-	received := time.Now()
-	tl := &timeline{received: received, m: s.m}
-	tl.steps = []events.Step{{Name: StepReceived, At: received}}
-	group, _ := cmd.Target()
-	log := s.log.With("event_id", env.ID, "type", env.Type, "epoch", env.Epoch, "group", group)
-
-	outcome, applyErr := events.OutcomeApplied, error(nil)
-	switch v := s.fence.Check(env.ID, env.Epoch, cmd.Deadline(), received); v {
-	case fence.Apply:
-		// Record before acting: at most once, even if we crash half-way.
-		// A claim's addresses are recorded too, so a release without the
-		// bus (ExecStopPost after a crash) knows them.
-		var managed []string
-		if c, ok := cmd.(*events.ClaimIP); ok {
-			managed = c.Addresses
+// Admit implements execute.Executor: a command is carried out only for
+// this node and for a group and addresses its configuration allows.
+func (s *Service) Admit(cmd events.Command) ([]string, error) {
+	group, node := cmd.Target()
+	if node != s.cfg.Node {
+		return nil, fmt.Errorf("command for node %s reached the executor of %s: %w", node, s.cfg.Node, execute.ErrNotAllowed)
+	}
+	switch c := cmd.(type) {
+	case *events.ClaimIP:
+		if err := s.allow.Check(group, c.Addresses); err != nil {
+			return nil, err
 		}
-		if err := s.fence.Record(env.ID, env.Epoch, managed...); err != nil {
-			outcome, applyErr = events.OutcomeFailed, fmt.Errorf("persist command record: %w", err)
-			break
-		}
-		if err := s.apply(ctx, env, cmd, tl); err != nil {
-			outcome, applyErr = events.OutcomeFailed, err
-		}
-	case fence.StaleEpoch:
-		outcome, applyErr = v.Outcome(), fmt.Errorf("epoch %d is older than epoch %d already seen", env.Epoch, s.fence.Snapshot().MaxEpoch)
-	case fence.Expired:
-		outcome, applyErr = v.Outcome(), fmt.Errorf("deadline %s passed %v ago", cmd.Deadline().Format(time.RFC3339Nano), received.Sub(cmd.Deadline()))
-	default:
-		outcome = v.Outcome()
+		// A claim's addresses are recorded with it, so a release without
+		// the bus (ExecStopPost after a crash) knows them.
+		return c.Addresses, nil
+	case *events.ReleaseIP:
+		return nil, s.allow.Check(group, c.Addresses)
+	case *events.AnswerPBX:
+		return nil, s.allow.Check(group, nil)
 	}
-	s.m.commands.WithLabelValues(string(env.Type), string(outcome)).Inc()
-	res := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: s.cfg.Node, Group: group, Outcome: outcome, Steps: tl.steps}
-	if applyErr != nil {
-		res.Error = applyErr.Error()
-		log.Warn("command not applied", "outcome", outcome, "err", applyErr)
-	} else {
-		log.Info("command done", "outcome", outcome, "elapsed_ms", tl.steps[len(tl.steps)-1].ElapsedMS)
-	}
-	if s.pub == nil {
-		return
-	}
-	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-	defer cancel()
-	if _, err := s.pub.Emit(pctx, res, events.CausedBy(env), events.WithEpoch(env.Epoch)); err != nil {
-		log.Error("publish command result failed", "err", err)
-	}
+	return nil, fmt.Errorf("unsupported command %T: %w", cmd, execute.ErrNotAllowed)
 }
 
 func parsePrefixes(addrs []string) ([]netip.Prefix, error) {
@@ -113,7 +74,8 @@ func parsePrefixes(addrs []string) ([]netip.Prefix, error) {
 	return out, nil
 }
 
-func (s *Service) apply(ctx context.Context, env events.Envelope, cmd events.Command, tl *timeline) error {
+// Apply implements execute.Executor.
+func (s *Service) Apply(ctx context.Context, env events.Envelope, cmd events.Command, tl *execute.Timeline) error {
 	switch c := cmd.(type) {
 	case *events.ClaimIP:
 		return s.claim(ctx, env, c, tl)
@@ -125,7 +87,7 @@ func (s *Service) apply(ctx context.Context, env events.Envelope, cmd events.Com
 		if err := s.release(ctx, c.Group, prefixes); err != nil {
 			return fmt.Errorf("release %v: %w", c.Addresses, err)
 		}
-		tl.at(StepAddressRemove, time.Now())
+		tl.At(StepAddressRemove, time.Now())
 	case *events.AnswerPBX:
 		modules := c.Modules
 		if len(modules) == 0 {
@@ -142,25 +104,25 @@ func (s *Service) apply(ctx context.Context, env events.Envelope, cmd events.Com
 // is not fenced, add the address and send the first announcement in one
 // reconcile pass, then make the PBX answer and prove it. Nothing after the
 // first announcement delays it.
-func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.ClaimIP, tl *timeline) error {
+func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.ClaimIP, tl *execute.Timeline) error {
 	prefixes, err := parsePrefixes(c.Addresses)
 	if err != nil {
 		return err
 	}
 	if len(c.AfterReleases) > 0 && s.cfg.Claim.ReleaseWait.D() > 0 {
 		if s.awaitReleases(ctx, env, c.AfterReleases) {
-			tl.at(StepReleased, time.Now())
+			tl.At(StepReleased, time.Now())
 		} else {
 			// Its executor may be dead with the address still configured; the
 			// conflict watch on that node yields once it runs again.
-			tl.at(StepNotReleased, time.Now())
+			tl.At(StepNotReleased, time.Now())
 			s.log.Warn("releases not answered in time; claiming as the arbiter decided", "group", c.Group,
 				"releases", c.AfterReleases, "waited", s.cfg.Claim.ReleaseWait.D())
 		}
 	}
 	if wait := s.cfg.Claim.ProbeWait.D(); wait > 0 && !c.PreviousHolderFenced {
 		ip, mac, err := s.probe(ctx, prefixes, wait)
-		tl.at(StepProbed, time.Now())
+		tl.At(StepProbed, time.Now())
 		if err != nil {
 			return fmt.Errorf("claim: ARP probe: %w", err)
 		}
@@ -204,10 +166,10 @@ func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.Clai
 		added = time.Now() // already present: ensured, not added
 	}
 	if !added.IsZero() {
-		tl.at(StepAddressAdded, added)
+		tl.At(StepAddressAdded, added)
 	}
 	if !announced.IsZero() {
-		tl.at(StepAnnounced, announced)
+		tl.At(StepAnnounced, announced)
 	}
 	if err != nil {
 		// Still desired: the loop keeps trying, and the arbiter, seeing the
@@ -218,21 +180,21 @@ func (s *Service) claim(ctx context.Context, env events.Envelope, c *events.Clai
 		if err := s.gw.Apply(); err != nil {
 			return fmt.Errorf("claim: gateway role: %w", err)
 		}
-		tl.at(StepGateway, time.Now())
+		tl.At(StepGateway, time.Now())
 	}
 	return s.answer(ctx, c.Group, s.cfg.Answer.Mode, s.cfg.Answer.Modules, tl)
 }
 
 // answer makes the PBX answer, then proves it with SIP OPTIONS to the
 // group's first address (IPv4 preferred) from this node.
-func (s *Service) answer(ctx context.Context, group string, mode events.AnswerMode, modules []string, tl *timeline) error {
+func (s *Service) answer(ctx context.Context, group string, mode events.AnswerMode, modules []string, tl *execute.Timeline) error {
 	actx, cancel := context.WithTimeout(ctx, s.cfg.Answer.Timeout.D())
 	err := s.answerer.Answer(actx, mode, modules)
 	cancel()
 	if err != nil {
 		return err
 	}
-	tl.at(StepPBXAnswering, time.Now())
+	tl.At(StepPBXAnswering, time.Now())
 	if !s.cfg.Verify.On() {
 		return nil
 	}
@@ -255,7 +217,7 @@ func (s *Service) answer(ctx context.Context, group string, mode events.AnswerMo
 	if err != nil {
 		return fmt.Errorf("verify SIP on %s: %w", target, err)
 	}
-	tl.at(StepPBXVerified, time.Now())
+	tl.At(StepPBXVerified, time.Now())
 	s.log.Info("PBX answers on the floating address", "target", target.String(), "status", r.Status, "attempts", n, "rtt", r.RTT)
 	return nil
 }
@@ -322,6 +284,7 @@ func (s *Service) release(ctx context.Context, group string, prefixes []netip.Pr
 		s.groups[group] = prefixes
 	}
 	s.mu.Unlock()
+	prefixes = s.claimedOnly(group, prefixes)
 	strs := make([]string, len(prefixes))
 	for i, p := range prefixes {
 		strs[i] = p.String()
@@ -336,6 +299,23 @@ func (s *Service) release(ctx context.Context, group string, prefixes []netip.Pr
 		}
 	}
 	return err
+}
+
+// claimedOnly keeps the addresses this node ever claimed (the state file's
+// record): a release, whoever asks for it, never removes an address that
+// someone else configured on the interface, such as the node's own.
+func (s *Service) claimedOnly(group string, prefixes []netip.Prefix) []netip.Prefix {
+	managed := s.fence.Snapshot().Managed
+	out := make([]netip.Prefix, 0, len(prefixes))
+	for _, p := range prefixes {
+		if slices.Contains(managed, p.String()) {
+			out = append(out, p)
+			continue
+		}
+		s.log.Warn("release names an address this node never claimed; leaving it", "group", group, "prefix", p.String())
+		s.m.refused.WithLabelValues(refusedUnclaimed).Inc()
+	}
+	return out
 }
 
 func (s *Service) setClaim(group string, prefixes []netip.Prefix, c conflict.Claim) {
@@ -502,6 +482,13 @@ func (s *Service) resync(ctx context.Context, why string) {
 	confirm := conflict.Confirmer{Cluster: s.cfg.Cluster, Node: s.cfg.Node, Read: s.kv}
 	maxEpoch := s.fence.Snapshot().MaxEpoch
 	for _, g := range statuses {
+		if err := s.allow.Check(g.Group, g.Addresses); err != nil {
+			// The state bucket names a group or address this node may not
+			// hold: neither take nor touch it.
+			s.log.Warn("resync: group status outside this node's groups; ignored", "group", g.Group, "err", err)
+			s.m.refused.WithLabelValues(execute.RefusedNotAllowed).Inc()
+			continue
+		}
 		prefixes, err := parsePrefixes(g.Addresses)
 		if err != nil {
 			s.log.Warn("resync: bad addresses", "group", g.Group, "err", err)

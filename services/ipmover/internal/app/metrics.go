@@ -6,6 +6,10 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
 )
 
+// refusedUnclaimed labels a release's address left alone because this node
+// never claimed it.
+const refusedUnclaimed = "unclaimed_release"
+
 // metrics are the ipmover's Prometheus series. Packet counters read the
 // Link's own counters at scrape time, so they can never disagree with it.
 type metrics struct {
@@ -13,6 +17,7 @@ type metrics struct {
 	commands    *prometheus.CounterVec
 	conflicts   *prometheus.CounterVec
 	corrections *prometheus.CounterVec
+	refused     *prometheus.CounterVec
 	holder      *prometheus.GaugeVec
 	busContact  prometheus.Gauge
 	all         []prometheus.Collector
@@ -35,6 +40,10 @@ func newMetrics(link *announce.Link) *metrics {
 		corrections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fan_ipmover_corrections_total", Help: "Changes made without a command (readded, removed, released, failed).",
 		}, []string{"kind"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fan_ipmover_refused_total",
+			Help: "Commands and state refused before anything was recorded or changed, by reason (no_term: the epoch is no lease term; not_allowed: outside groups; unclaimed_release: a release naming an address never claimed here).",
+		}, []string{"reason"}),
 		holder: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "fan_ipmover_is_holder", Help: "1 while this node holds the group's addresses.",
 		}, []string{"group"}),
@@ -46,7 +55,7 @@ func newMetrics(link *announce.Link) *metrics {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: prometheus.Labels{"kind": kind}},
 			func() float64 { return float64(f(link.Stats())) })
 	}
-	m.all = []prometheus.Collector{m.steps, m.commands, m.conflicts, m.corrections, m.holder, m.busContact,
+	m.all = []prometheus.Collector{m.steps, m.commands, m.conflicts, m.corrections, m.refused, m.holder, m.busContact,
 		stat("fan_ipmover_garp_sent_total", "Announcements sent.", "arp_request", func(s announce.Stats) uint64 { return s.ARPRequests }),
 		stat("fan_ipmover_garp_sent_total", "Announcements sent.", "arp_reply", func(s announce.Stats) uint64 { return s.ARPReplies }),
 		stat("fan_ipmover_garp_sent_total", "Announcements sent.", "ndp_na", func(s announce.Stats) uint64 { return s.NAs }),

@@ -97,6 +97,22 @@ func (s *Store) Record(cmdID string, epoch uint64, managed ...string) error {
 	return nil
 }
 
+// ForgetEpoch drops the recorded epoch. The executor calls it only when the
+// recorded epoch cannot be a term of the command stream (it is not below the
+// sequence of a command whose own epoch is a term that exists): a value
+// recorded before epochs were checked, or a stream re-created from nothing.
+func (s *Store) ForgetEpoch() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	next := s.state.clone()
+	next.MaxEpoch = 0
+	if err := writeAtomic(s.path, fileFormat{Version: fileVersion, State: next}); err != nil {
+		return err
+	}
+	s.state = next
+	return nil
+}
+
 // Manage remembers addresses this node is about to hold without a command
 // (a restart re-taking what the arbiter's state says it holds). It writes
 // only when something is new.

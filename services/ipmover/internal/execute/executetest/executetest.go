@@ -1,0 +1,295 @@
+// Package executetest is the executor contract's test suite: every executor
+// runs it against its real back end, so the rules of package execute hold
+// for each of them, not only for the code that implements them once.
+package executetest
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/services/ipmover/internal/fence"
+)
+
+// Cluster is the cluster name the suite's bus uses.
+const Cluster = "lab"
+
+// Subject is one executor under test.
+type Subject struct {
+	// Node is the node whose command consumer the executor reads.
+	Node string
+	// Admitted returns a command the executor carries out (addressed to
+	// Node), valid until notAfter.
+	Admitted func(notAfter time.Time) events.Command
+	// NotAllowed returns a command addressed to Node for a group or an
+	// address outside the executor's configuration.
+	NotAllowed func(notAfter time.Time) events.Command
+	// Start runs the executor on the bus at url, with its state in
+	// stateFile, until stop is called (stop waits for it to end). Start
+	// is called again with the same file to play a restart.
+	Start func(t *testing.T, url, stateFile string) (stop func())
+}
+
+// Run runs the contract suite; newSubject is called once per case.
+func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
+	cases := []struct {
+		name string
+		run  func(*env)
+	}{
+		{"AppliedOnceAcrossRestart", appliedOnceAcrossRestart},
+		{"OlderTermRefused", olderTermRefused},
+		{"PassedDeadlineRefused", passedDeadlineRefused},
+		{"NotAllowedRefusedAndNotRecorded", notAllowedRefused},
+		{"ForgedEpochsRefusedAndNotRecorded", forgedEpochsRefused},
+		{"ForgedHugeEpochDoesNotBlockTheLeaseHolder", hugeEpochDoesNotBlock},
+		{"PoisonedStateFileHeals", poisonedStateHeals},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEnv(t, newSubject(t))
+			c.run(e)
+		})
+	}
+}
+
+type env struct {
+	t     *testing.T
+	sub   Subject
+	srv   *server.Server
+	ctl   *bus.Bus
+	state string
+	stop  func()
+
+	mu      sync.Mutex
+	results map[string]events.CommandResult
+}
+
+func newEnv(t *testing.T, sub Subject) *env {
+	srv := bustest.Server(t)
+	e := &env{t: t, sub: sub, srv: srv, state: filepath.Join(t.TempDir(), "state.json"), results: map[string]events.CommandResult{}}
+	e.ctl = bustest.Connect(t, srv, bus.Identity{Cluster: Cluster, Service: "arbiter", Node: "ctl"})
+	ctx, cancel := context.WithCancel(context.Background())
+	watching := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		close(watching)
+		_ = e.ctl.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllCommandResults(Cluster)}, All: true},
+			func(_ events.Envelope, p events.Payload, _ uint64) {
+				if r, ok := p.(*events.CommandResult); ok {
+					e.mu.Lock()
+					e.results[r.CommandID] = *r
+					e.mu.Unlock()
+				}
+			})
+	}()
+	<-watching
+	t.Cleanup(func() { cancel(); <-done })
+	e.start()
+	return e
+}
+
+func (e *env) start() {
+	e.stop = e.sub.Start(e.t, e.srv.ClientURL(), e.state)
+	e.t.Cleanup(func() {
+		if e.stop != nil {
+			e.stop()
+		}
+	})
+}
+
+func (e *env) restart() {
+	e.stop()
+	e.stop = nil
+	e.start()
+}
+
+// startTerm publishes a lease record starting a term, as the arbiter does
+// when it acquires the lease.
+func (e *env) startTerm() uint64 {
+	e.t.Helper()
+	data, _ := json.Marshal(events.LeaseRecord{Holder: "ctl", At: time.Now()})
+	ack, err := e.ctl.JS.Publish(e.t.Context(), events.LeaseSubject(Cluster, events.ArbiterLease), data)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return ack.Sequence
+}
+
+// send publishes cmd under epoch as anyone with access to the command
+// subject could (no lease condition), and returns its envelope and sequence.
+func (e *env) send(epoch uint64, cmd events.Command) (events.Envelope, uint64) {
+	e.t.Helper()
+	env, err := events.New(e.ctl.Source(), Cluster, cmd, events.WithEpoch(1))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	env.Epoch = epoch // even 0, which events.New would refuse: a forger is not bound by it
+	data, err := env.Encode()
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	ack, err := e.ctl.JS.Publish(e.t.Context(), events.Subject(env, cmd), data, jetstream.WithMsgID(env.ID))
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return env, ack.Sequence
+}
+
+func (e *env) result(env events.Envelope) events.CommandResult {
+	e.t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		e.mu.Lock()
+		r, ok := e.results[env.ID]
+		e.mu.Unlock()
+		if ok {
+			return r
+		}
+		if time.Now().After(deadline) {
+			e.t.Fatalf("no result for command %s", env.ID)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (e *env) expect(env events.Envelope, want events.Outcome) events.CommandResult {
+	e.t.Helper()
+	r := e.result(env)
+	if r.Outcome != want {
+		e.t.Fatalf("command %s: outcome %s (%s), want %s", env.Type, r.Outcome, r.Error, want)
+	}
+	if want != events.OutcomeApplied && want != events.OutcomeDuplicate && r.Error == "" {
+		e.t.Fatalf("command %s refused (%s) without a cause", env.Type, r.Outcome)
+	}
+	return r
+}
+
+// recorded is the epoch the executor's state file holds.
+func (e *env) recorded() uint64 {
+	e.t.Helper()
+	st, err := fence.Open(e.state, 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	return st.Snapshot().MaxEpoch
+}
+
+func (e *env) soon() time.Time { return time.Now().Add(30 * time.Second) }
+
+func appliedOnceAcrossRestart(e *env) {
+	term := e.startTerm()
+	cmd := e.sub.Admitted(e.soon())
+	env, _ := e.send(term, cmd)
+	e.expect(env, events.OutcomeApplied)
+	if got := e.recorded(); got != term {
+		e.t.Fatalf("recorded epoch %d, want %d", got, term)
+	}
+	e.restart()
+	// The same command again (the arbiter re-publishing it after the
+	// server forgot the message id): done once, acknowledged.
+	e.mu.Lock()
+	delete(e.results, env.ID)
+	e.mu.Unlock()
+	data, _ := env.Encode()
+	if _, err := e.ctl.JS.Publish(e.t.Context(), events.Subject(env, cmd), data); err != nil {
+		e.t.Fatal(err)
+	}
+	e.expect(env, events.OutcomeDuplicate)
+}
+
+func olderTermRefused(e *env) {
+	older, newer := e.startTerm(), e.startTerm()
+	env, _ := e.send(newer, e.sub.Admitted(e.soon()))
+	e.expect(env, events.OutcomeApplied)
+	env, _ = e.send(older, e.sub.Admitted(e.soon()))
+	e.expect(env, events.OutcomeStaleEpoch)
+	if got := e.recorded(); got != newer {
+		e.t.Fatalf("recorded epoch %d, want %d", got, newer)
+	}
+}
+
+func passedDeadlineRefused(e *env) {
+	term := e.startTerm()
+	env, _ := e.send(term, e.sub.Admitted(time.Now().Add(-time.Second)))
+	e.expect(env, events.OutcomeExpired)
+	if got := e.recorded(); got != 0 {
+		e.t.Fatalf("an expired command recorded epoch %d", got)
+	}
+}
+
+func notAllowedRefused(e *env) {
+	term := e.startTerm()
+	env, _ := e.send(term, e.sub.NotAllowed(e.soon()))
+	e.expect(env, events.OutcomeFailed)
+	if got := e.recorded(); got != 0 {
+		e.t.Fatalf("a command outside the configuration recorded epoch %d", got)
+	}
+}
+
+func forgedEpochsRefused(e *env) {
+	e.startTerm()
+	// A command's sequence is not a term; nor is the sequence the command
+	// itself will get, or anything above. (Epoch 0 never decodes as a
+	// command: the bus drops it before any executor sees it.)
+	_, last := e.send(1, e.sub.Admitted(time.Now().Add(-time.Hour))) // expired filler: only its sequence matters
+	for _, c := range []struct {
+		name  string
+		epoch func(last uint64) uint64
+	}{
+		{"a command's sequence", func(last uint64) uint64 { return last }},
+		{"its own sequence", func(last uint64) uint64 { return last + 1 }},
+		{"beyond the stream", func(last uint64) uint64 { return last + 1000 }},
+		{"2^64-1", func(uint64) uint64 { return math.MaxUint64 }},
+	} {
+		env, seq := e.send(c.epoch(last), e.sub.Admitted(e.soon()))
+		r := e.expect(env, events.OutcomeStaleEpoch)
+		e.t.Logf("%s (epoch %d at seq %d): %s", c.name, env.Epoch, seq, r.Error)
+		last = seq
+	}
+	if got := e.recorded(); got != 0 {
+		e.t.Fatalf("forged epochs recorded epoch %d", got)
+	}
+}
+
+func hugeEpochDoesNotBlock(e *env) {
+	e.startTerm()
+	forged, _ := e.send(math.MaxUint64, e.sub.Admitted(e.soon()))
+	e.expect(forged, events.OutcomeStaleEpoch)
+	term := e.startTerm() // the real lease holder's term
+	env, _ := e.send(term, e.sub.Admitted(e.soon()))
+	e.expect(env, events.OutcomeApplied)
+	e.restart()
+	env, _ = e.send(term, e.sub.Admitted(e.soon()))
+	e.expect(env, events.OutcomeApplied)
+}
+
+func poisonedStateHeals(e *env) {
+	// A state file that recorded 2^64-1 before epochs were checked.
+	e.stop()
+	e.stop = nil
+	st, err := fence.Open(e.state, 0)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	if err := st.Record("0193a1b2-0000-7000-8000-00000000dead", math.MaxUint64); err != nil {
+		e.t.Fatal(err)
+	}
+	e.start()
+	term := e.startTerm()
+	env, _ := e.send(term, e.sub.Admitted(e.soon()))
+	e.expect(env, events.OutcomeApplied)
+	if got := e.recorded(); got != term {
+		e.t.Fatalf("recorded epoch %d after healing, want %d", got, term)
+	}
+}
