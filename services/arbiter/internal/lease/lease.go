@@ -99,7 +99,6 @@ func New(cfg Config, b *bus.Bus, log *slog.Logger) (*Lease, error) {
 	return &Lease{cfg: cfg, js: b.JS, b: b, log: log, subject: events.LeaseSubject(cfg.Cluster, "arbiter"), now: time.Now}, nil
 }
 
-
 // Run campaigns and renews until ctx ends, reporting every change on
 // changes (which it closes on return). On return it is no longer leading.
 func (l *Lease) Run(ctx context.Context, changes chan<- Change) {
