@@ -333,6 +333,11 @@ func (id Identity) Permissions() (Permissions, error) {
 	case RoleIPMover:
 		pub(streamRead(EventsStream)...)
 		pub(streamRead(kvStream(StateBucket))...)
+		// Executors read the arbiter lease's records by sequence and the
+		// last one, to accept only epochs that are lease terms.
+		pub(jsAPI+".STREAM.MSG.GET."+CommandsStream,
+			jsAPI+".DIRECT.GET."+CommandsStream,
+			jsAPI+".DIRECT.GET."+CommandsStream+"."+LeaseSubject(cl, ArbiterLease))
 		for _, n := range executes {
 			pub(executorConsumer(cl, n)...)
 		}

@@ -38,11 +38,7 @@ func New(groups []Group) (*List, error) {
 		if len(g.Prefixes) == 0 {
 			return nil, fmt.Errorf("group %s: at least one prefix", g.Name)
 		}
-		ps := make([]netip.Prefix, len(g.Prefixes))
-		for i, p := range g.Prefixes {
-			ps[i] = p.Masked()
-		}
-		l.groups[g.Name] = ps
+		l.groups[g.Name] = slices.Clone(g.Prefixes)
 	}
 	return l, nil
 }
@@ -58,10 +54,12 @@ func (l *List) Groups() []string {
 }
 
 // Check refuses (wrapping execute.ErrNotAllowed) a group not in the list
-// or an address outside the group's ranges. An address is inside a range
-// when the range contains it and its prefix length is no shorter than the
-// range's: 198.51.100.10/24 fits 198.51.100.0/24, but 198.51.100.10/8
-// would put a route for a /8 on the interface and does not.
+// or an address outside the group's prefixes. A prefix written as a network
+// (198.51.100.0/28, no host bits) allows any address in it; one written as
+// an address (198.51.100.10/24, as the arbiter's group lists it) allows that
+// address only. Either way the address's prefix length must be no shorter
+// than the entry's: 198.51.100.10/8 would put a route for a /8 on the
+// interface.
 func (l *List) Check(group string, addresses []string) error {
 	ranges, ok := l.groups[group]
 	if !ok {
@@ -72,9 +70,19 @@ func (l *List) Check(group string, addresses []string) error {
 		if err != nil {
 			return fmt.Errorf("address %q: %v: %w", a, err, execute.ErrNotAllowed)
 		}
-		if !slices.ContainsFunc(ranges, func(r netip.Prefix) bool { return r.Contains(p.Addr()) && p.Bits() >= r.Bits() }) {
+		if !slices.ContainsFunc(ranges, func(r netip.Prefix) bool { return fits(p, r) }) {
 			return fmt.Errorf("address %s is outside group %s's prefixes %v: %w", a, group, ranges, execute.ErrNotAllowed)
 		}
 	}
 	return nil
+}
+
+func fits(p, entry netip.Prefix) bool {
+	if p.Bits() < entry.Bits() {
+		return false
+	}
+	if entry == entry.Masked() {
+		return entry.Contains(p.Addr())
+	}
+	return p.Addr() == entry.Addr()
 }

@@ -12,6 +12,7 @@ func TestCheck(t *testing.T) {
 	l, err := New([]Group{
 		{Name: "pbx", Prefixes: []netip.Prefix{netip.MustParsePrefix("198.51.100.10/32"), netip.MustParsePrefix("2001:db8::/64")}},
 		{Name: "sbc", Prefixes: []netip.Prefix{netip.MustParsePrefix("203.0.113.0/28")}},
+		{Name: "lan", Prefixes: []netip.Prefix{netip.MustParsePrefix("192.0.2.10/24")}},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -26,6 +27,9 @@ func TestCheck(t *testing.T) {
 		{"ipv6 in range", "pbx", []string{"2001:db8::10/64"}, true},
 		{"address in a range", "sbc", []string{"203.0.113.5/28"}, true},
 		{"group without addresses", "sbc", nil, true},
+		{"address written with its netmask", "lan", []string{"192.0.2.10/24"}, true},
+		{"longer netmask for that address", "lan", []string{"192.0.2.10/32"}, true},
+		{"another address in that /24", "lan", []string{"192.0.2.99/24"}, false},
 		{"unknown group", "voip", []string{"198.51.100.10/32"}, false},
 		{"address outside", "pbx", []string{"198.51.100.11/32"}, false},
 		{"other group's range", "pbx", []string{"203.0.113.5/28"}, false},

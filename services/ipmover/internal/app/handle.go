@@ -84,6 +84,10 @@ func (s *Service) Apply(ctx context.Context, env events.Envelope, cmd events.Com
 		if err != nil {
 			return err
 		}
+		if _, others := s.claimedOnly(prefixes); len(others) > 0 {
+			s.log.Warn("release names addresses this node never claimed; leaving them", "group", c.Group, "addresses", others)
+			s.m.refused.WithLabelValues(refusedUnclaimed).Add(float64(len(others)))
+		}
 		if err := s.release(ctx, c.Group, prefixes); err != nil {
 			return fmt.Errorf("release %v: %w", c.Addresses, err)
 		}
@@ -284,7 +288,7 @@ func (s *Service) release(ctx context.Context, group string, prefixes []netip.Pr
 		s.groups[group] = prefixes
 	}
 	s.mu.Unlock()
-	prefixes = s.claimedOnly(group, prefixes)
+	prefixes, _ = s.claimedOnly(prefixes)
 	strs := make([]string, len(prefixes))
 	for i, p := range prefixes {
 		strs[i] = p.String()
@@ -302,20 +306,19 @@ func (s *Service) release(ctx context.Context, group string, prefixes []netip.Pr
 }
 
 // claimedOnly keeps the addresses this node ever claimed (the state file's
-// record): a release, whoever asks for it, never removes an address that
-// someone else configured on the interface, such as the node's own.
-func (s *Service) claimedOnly(group string, prefixes []netip.Prefix) []netip.Prefix {
+// record) and returns the others apart: a release, whoever asks for it,
+// never removes an address that someone else configured on the interface,
+// such as the node's own.
+func (s *Service) claimedOnly(prefixes []netip.Prefix) (claimed, others []netip.Prefix) {
 	managed := s.fence.Snapshot().Managed
-	out := make([]netip.Prefix, 0, len(prefixes))
 	for _, p := range prefixes {
 		if slices.Contains(managed, p.String()) {
-			out = append(out, p)
-			continue
+			claimed = append(claimed, p)
+		} else {
+			others = append(others, p)
 		}
-		s.log.Warn("release names an address this node never claimed; leaving it", "group", group, "prefix", p.String())
-		s.m.refused.WithLabelValues(refusedUnclaimed).Inc()
 	}
-	return out
+	return claimed, others
 }
 
 func (s *Service) setClaim(group string, prefixes []netip.Prefix, c conflict.Claim) {

@@ -96,16 +96,16 @@ func newEnv(t *testing.T, sub Subject) *env {
 	<-watching
 	t.Cleanup(func() { cancel(); <-done })
 	e.start()
-	return e
-}
-
-func (e *env) start() {
-	e.stop = e.sub.Start(e.t, e.srv.ClientURL(), e.state)
-	e.t.Cleanup(func() {
+	t.Cleanup(func() {
 		if e.stop != nil {
 			e.stop()
 		}
 	})
+	return e
+}
+
+func (e *env) start() {
+	e.stop = sync.OnceFunc(e.sub.Start(e.t, e.srv.ClientURL(), e.state))
 }
 
 func (e *env) restart() {
