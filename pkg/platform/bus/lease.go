@@ -53,6 +53,21 @@ func (l *LeaseRecords) At(ctx context.Context, seq uint64) (rec events.LeaseReco
 	return rec, true, nil
 }
 
+// StoredAt returns when the message at seq was stored, if it is still
+// stored and is on the lease subject.
+func (l *LeaseRecords) StoredAt(ctx context.Context, seq uint64) (stored time.Time, found bool, err error) {
+	m, err := l.stream.GetMsg(ctx, seq)
+	switch {
+	case errors.Is(err, jetstream.ErrMsgNotFound):
+		return time.Time{}, false, nil
+	case err != nil:
+		return time.Time{}, false, fmt.Errorf("lease record %d: %w", seq, err)
+	case m.Subject != l.subject || m.Sequence != seq:
+		return time.Time{}, false, nil
+	}
+	return m.Time, true, nil
+}
+
 // LastStored returns the sequence and the server's storage time of the
 // newest message on the lease subject, whatever it holds.
 func (l *LeaseRecords) LastStored(ctx context.Context) (seq uint64, stored time.Time, found bool, err error) {

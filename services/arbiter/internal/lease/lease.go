@@ -148,7 +148,7 @@ func (l *Lease) attempt(ctx context.Context) {
 	if isWrongSequence(err) {
 		// Someone else's record is last: take over only a record that does
 		// not count (see the package comment).
-		if over, ok := l.overridable(actx, sent); ok {
+		if over, ok := l.overridable(actx); ok {
 			ack, err = l.publishRecord(actx, sent, over)
 		}
 	}
@@ -187,10 +187,14 @@ func (l *Lease) publishRecord(ctx context.Context, at time.Time, expect uint64) 
 }
 
 // overridable reports whether the subject's last record may be published
-// over, and its sequence: a leader whose own last record is still stored
-// faces no valid successor; a candidate may take a record older than the
-// TTL. Caller holds mu.
-func (l *Lease) overridable(ctx context.Context, now time.Time) (uint64, bool) {
+// over, and its sequence: a leader whose own last record is still stored and
+// younger than ttl - margin faces no valid successor; a candidate may take a
+// record older than the TTL. Ages are the server's storage times against
+// this host's clock, so the two rules never both hold for one record: a
+// candidate takes a record only once it is older than the TTL, by which time
+// its writer no longer renews over anything (a server may remove expired
+// records a little late, so presence alone proves nothing). Caller holds mu.
+func (l *Lease) overridable(ctx context.Context) (uint64, bool) {
 	if l.records == nil {
 		r, err := l.b.LeaseRecords(ctx, events.ArbiterLease)
 		if err != nil {
@@ -203,16 +207,18 @@ func (l *Lease) overridable(ctx context.Context, now time.Time) (uint64, bool) {
 	if err != nil || !found {
 		return 0, false // gone meanwhile: the next attempt acquires normally
 	}
+	now := l.now()
 	if l.leading {
-		if _, mine, err := l.records.At(ctx, l.lastSeq); err == nil && mine {
+		mine, ok, err := l.records.StoredAt(ctx, l.lastSeq)
+		if err == nil && ok && now.Sub(mine) < l.cfg.TTL-l.cfg.Margin {
 			l.log.Warn("lease record written over this term by no valid successor; renewing over it",
 				"epoch", l.epoch, "own_seq", l.lastSeq, "foreign_seq", last)
 			return last, true
 		}
 		return 0, false
 	}
-	// The server's storage time: a few seconds of clock skew between hosts
-	// only delays or hastens the takeover of a record that is dead anyway.
+	// A few seconds of clock skew between hosts only delays or hastens the
+	// takeover of a record that is dead anyway.
 	if age := now.Sub(stored); age > l.cfg.TTL {
 		l.log.Warn("lease record older than the ttl still stored (not written by a fan arbiter's rules); taking over",
 			"seq", last, "age", age.Round(time.Millisecond), "ttl", l.cfg.TTL)
@@ -323,7 +329,7 @@ func (l *Lease) PublishCommand(ctx context.Context, env events.Envelope, cmd eve
 	if isWrongSequence(err) {
 		// A record that is no valid successor does not depose: renew over
 		// it and publish again, once.
-		if over, ok := l.overridable(ctx, l.now()); ok {
+		if over, ok := l.overridable(ctx); ok {
 			if ack, rerr := l.publishRecord(ctx, l.now(), over); rerr == nil {
 				l.lastSeq = ack.Sequence
 				err = l.b.Publish(ctx, env, cmd, jetstream.WithExpectLastSequenceForSubject(l.lastSeq, l.subject))
