@@ -261,7 +261,7 @@ func TestGeneratedConfigEnforced(t *testing.T) {
 	cmds := make(chan string, 2)
 	cctx, ccancel := context.WithCancel(ctx)
 	go func() {
-		_ = ipmover.ConsumeCommands(cctx, "n1", func(_ context.Context, env events.Envelope, _ events.Command) { cmds <- env.ID })
+		_ = ipmover.ConsumeCommands(cctx, "n1", func(_ context.Context, env events.Envelope, _ events.Command, _ uint64) { cmds <- env.ID })
 	}()
 	for range 2 {
 		select {
@@ -271,6 +271,17 @@ func TestGeneratedConfigEnforced(t *testing.T) {
 		}
 	}
 	ccancel()
+	// The executor reads the lease's records to check epochs.
+	recs, err := ipmover.LeaseRecords(ctx, events.ArbiterLease)
+	if err != nil {
+		t.Fatalf("ipmover opens the lease records: %v", err)
+	}
+	if _, _, _, err := recs.Last(ctx); err != nil {
+		t.Fatalf("ipmover reads the last lease record: %v", err)
+	}
+	if _, _, err := recs.At(ctx, 1); err != nil {
+		t.Fatalf("ipmover reads a lease record by sequence: %v", err)
+	}
 
 	// The replicator uses the object stores without create rights.
 	repl := connectBus(t, ctx, c, out, "n1", "replicator")
