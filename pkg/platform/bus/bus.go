@@ -361,23 +361,25 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 	if err := os.MkdirAll(e.StoreDir, 0o750); err != nil {
 		return nil, fmt.Errorf("embedded nats store %s: %w", e.StoreDir, err)
 	}
-	opts := &server.Options{
-		ServerName:         e.ServerName,
-		JetStream:          true,
-		StoreDir:           e.StoreDir,
-		NoSigs:             true,
-		DontListen:         e.Listen == "",
-		JetStreamMaxMemory: 64 << 20,
-		JetStreamMaxStore:  1 << 30,
-	}
+	// The server config file, if any, is read into empty options (it may
+	// set what Embedded sets, which the parser would call a duplicate);
+	// the keys of Embedded then win over it.
+	opts := &server.Options{}
 	if e.ServerConfig != "" {
-		// The file brings authorization, accounts and TLS; the keys of
-		// Embedded, set again here and below, win over it.
 		if err := opts.ProcessConfigFile(e.ServerConfig); err != nil {
 			return nil, fmt.Errorf("embedded nats server config %s: %w", e.ServerConfig, err)
 		}
-		opts.JetStream, opts.StoreDir, opts.NoSigs = true, e.StoreDir, true
-		opts.DontListen, opts.ServerName = e.Listen == "", e.ServerName
+	}
+	if e.ServerName != "" {
+		opts.ServerName = e.ServerName
+	}
+	opts.JetStream, opts.StoreDir, opts.NoSigs = true, e.StoreDir, true
+	opts.DontListen = e.Listen == ""
+	if opts.JetStreamMaxMemory == 0 {
+		opts.JetStreamMaxMemory = 64 << 20
+	}
+	if opts.JetStreamMaxStore == 0 {
+		opts.JetStreamMaxStore = 1 << 30
 	}
 	if opts.ServerName == "" {
 		opts.ServerName = "fan-embedded"

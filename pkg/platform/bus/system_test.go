@@ -11,14 +11,14 @@ func TestLeaderServersAndSystemValidate(t *testing.T) {
 		cfg  Config
 		want string // substring of the error; "" for valid
 	}{
-		{"none", Config{URL: "nats://a:4222"}, ""},
-		{"leaders", Config{URL: "nats://a:4222", LeaderServers: []string{"nats-ctl", "nats-b"}}, ""},
-		{"duplicate", Config{URL: "nats://a:4222", LeaderServers: []string{"x", "x"}}, "bus.leader_servers[1]"},
-		{"empty name", Config{URL: "nats://a:4222", LeaderServers: []string{""}}, "bus.leader_servers[0]"},
-		{"system user", Config{URL: "nats://a:4222", System: &SystemAccount{User: "sys", Password: "p"}}, ""},
-		{"system without password", Config{URL: "nats://a:4222", System: &SystemAccount{User: "sys"}}, "bus.system.password"},
-		{"system two ways", Config{URL: "nats://a:4222", System: &SystemAccount{User: "sys", Password: "p", Creds: "c"}}, "bus.system"},
-		{"system empty", Config{URL: "nats://a:4222", System: &SystemAccount{}}, "bus.system"},
+		{"none", Config{URL: "nats://127.0.0.1:4222"}, ""},
+		{"leaders", Config{URL: "nats://127.0.0.1:4222", LeaderServers: []string{"nats-ctl", "nats-b"}}, ""},
+		{"duplicate", Config{URL: "nats://127.0.0.1:4222", LeaderServers: []string{"x", "x"}}, "bus.leader_servers[1]"},
+		{"empty name", Config{URL: "nats://127.0.0.1:4222", LeaderServers: []string{""}}, "bus.leader_servers[0]"},
+		{"system user", Config{URL: "nats://127.0.0.1:4222", System: &SystemAccount{User: "sys", Password: "p"}}, ""},
+		{"system without password", Config{URL: "nats://127.0.0.1:4222", System: &SystemAccount{User: "sys"}}, "bus.system.password"},
+		{"system two ways", Config{URL: "nats://127.0.0.1:4222", System: &SystemAccount{User: "sys", Password: "p", Creds: "c"}}, "bus.system"},
+		{"system empty", Config{URL: "nats://127.0.0.1:4222", System: &SystemAccount{}}, "bus.system"},
 		{"system embedded", Config{Embedded: &Embedded{StoreDir: "/tmp/x"}, System: &SystemAccount{Creds: "c"}}, "needs bus.url"},
 	}
 	for _, c := range cases {
