@@ -142,7 +142,7 @@ func (s *Service) Run(ctx context.Context) error {
 		// would hold the lease deciding on nothing, so any of them ending
 		// ends the service, and systemd restarts it.
 		g, ctx := daemon.NewGroup(ctx)
-		g.Go("registry", func(ctx context.Context) error { s.runRegistry(ctx); return nil })
+		g.Go("registry", s.runRegistry)
 		g.Go("weights", func(ctx context.Context) error {
 			if !slices.ContainsFunc(s.cfg.Groups, func(g GroupConfig) bool { return g.Weights.Enabled }) {
 				<-ctx.Done() // nothing to track: runWeights returns at once
@@ -562,8 +562,12 @@ const operatorRecordTimeout = 2 * time.Second
 
 // runRegistry keeps the node registry while this replica leads: its own
 // watch on heartbeats (so registry writes never delay a decision), sharded
-// writers, and the sweeper.
-func (s *Service) runRegistry(ctx context.Context) {
+// writers, and the sweeper. It returns only when ctx ends or the heartbeat
+// watch ends (with the watch's error): a replica leading without that watch
+// would sweep every node offline, so it belongs to the run group.
+func (s *Service) runRegistry(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	var shards [registryWorkers]chan input
 	done := make(chan struct{}, registryWorkers)
 	for i := range shards {
@@ -588,8 +592,9 @@ func (s *Service) runRegistry(ctx context.Context) {
 			}
 		}(shards[i])
 	}
+	watchEnded := make(chan error, 1)
 	go func() {
-		_ = s.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats(s.cfg.Cluster)}},
+		watchEnded <- s.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats(s.cfg.Cluster)}},
 			func(env events.Envelope, p events.Payload, _ uint64) {
 				hb, ok := p.(*events.NodeHeartbeat)
 				if !ok {
@@ -614,7 +619,17 @@ func (s *Service) runRegistry(ctx context.Context) {
 			for range registryWorkers {
 				<-done
 			}
-			return
+			<-watchEnded
+			return nil
+		case err := <-watchEnded:
+			cancel()
+			for range registryWorkers {
+				<-done
+			}
+			if err == nil {
+				err = daemon.ErrEssentialExited
+			}
+			return fmt.Errorf("registry heartbeat watch: %w", err)
 		case now := <-t.C:
 			if !s.lease.Leading() {
 				continue

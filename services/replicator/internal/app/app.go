@@ -219,6 +219,7 @@ func (s *Service) Run(ctx context.Context) error {
 			MaxDeleteShare: s.cfg.Safety.MaxDeleteShare, AllowDeletes: *s.cfg.Safety.AllowDeletes,
 			Workers: s.cfg.Workers, Owner: os.Geteuid() == 0,
 			GCInterval: s.cfg.GCInterval.D(), GCGrace: s.cfg.GCGrace.D(),
+			Conditions: rt.Conditions,
 		}
 		for _, t := range s.cfg.Trees {
 			ex, _ := fstree.NewExcluder(t.Exclude)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/replicator/internal/astdb"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
@@ -60,7 +61,30 @@ type Config struct {
 	// GCInterval is how often the holder deletes unreferenced contents
 	// older than GCGrace; 0 disables.
 	GCInterval, GCGrace time.Duration
+	// Conditions receives source_unconfirmed and holder_unconfirmed (nil:
+	// none reported).
+	Conditions *daemon.Conditions
+	// ConfirmWithin bounds how long a tree may go without being able to
+	// read the group status it must check before applying (target) or
+	// publishing (source); past it Run returns an error so the service
+	// exits and systemd restarts it. 0 means DefaultConfirmWithin.
+	ConfirmWithin time.Duration
 }
+
+// The conditions the engine raises while it cannot read the group status
+// (the state bucket has no leader, or the bus is gone): a target that
+// cannot confirm its source still holds does not apply, and a source that
+// cannot confirm it still holds does not publish. Both retry with backoff
+// (250 ms doubling to 5 s) and are bounded by Config.ConfirmWithin.
+const (
+	CondSourceUnconfirmed = "source_unconfirmed"
+	CondHolderUnconfirmed = "holder_unconfirmed"
+)
+
+// DefaultConfirmWithin is well past a JetStream leader election (4 to 9 s)
+// and a server restart, and short enough that a replicator wedged on a
+// dead connection is restarted before an operator has to.
+const DefaultConfirmWithin = time.Minute
 
 // Engine runs every tree of one node.
 type Engine struct {
@@ -73,6 +97,11 @@ type Engine struct {
 
 	roleMu sync.Mutex
 	role   role
+
+	// unconf is, per condition, since when each tree has been unable to
+	// confirm the holder.
+	unconfMu sync.Mutex
+	unconf   map[string]map[string]time.Time
 }
 
 type role struct {
@@ -88,7 +117,12 @@ func New(cfg Config, b *bus.Bus, st *store.Store, reg prometheus.Registerer, log
 	if cfg.ScanInterval <= 0 {
 		cfg.ScanInterval = 30 * time.Second
 	}
-	e := &Engine{cfg: cfg, bus: b, store: st, log: log, m: newMetrics(reg), trees: map[string]*worker{}}
+	if cfg.ConfirmWithin <= 0 {
+		cfg.ConfirmWithin = DefaultConfirmWithin
+	}
+	cfg.Conditions.Declare(CondSourceUnconfirmed, CondHolderUnconfirmed)
+	e := &Engine{cfg: cfg, bus: b, store: st, log: log, m: newMetrics(reg), trees: map[string]*worker{},
+		unconf: map[string]map[string]time.Time{}}
 	for _, t := range cfg.Trees {
 		if _, dup := e.trees[t.Name]; dup {
 			return nil, fmt.Errorf("tree %q configured twice", t.Name)
@@ -269,6 +303,51 @@ func (e *Engine) confirmTenure(ctx context.Context, holder string, epoch uint64)
 }
 
 var errNotHolder = errors.New("no longer the holder")
+
+// unconfirmed records that tree could not confirm the holder (cond says in
+// which role) and raises cond. It returns an error once the tree has been
+// unable to for longer than ConfirmWithin: the caller ends the engine.
+func (e *Engine) unconfirmed(cond, tree string, err error) error {
+	now := time.Now()
+	e.unconfMu.Lock()
+	defer e.unconfMu.Unlock()
+	m := e.unconf[cond]
+	if m == nil {
+		m = map[string]time.Time{}
+		e.unconf[cond] = m
+	}
+	since, ok := m[tree]
+	if !ok {
+		since = now
+		m[tree] = since
+	}
+	what := "not applying the source's manifest"
+	if cond == CondHolderUnconfirmed {
+		what = "not publishing this node's manifest"
+	}
+	e.cfg.Conditions.Raise(cond, fmt.Sprintf("tree %s: cannot read the group status since %s, %s: %v",
+		tree, since.UTC().Format(time.RFC3339), what, err))
+	if d := now.Sub(since); d > e.cfg.ConfirmWithin {
+		return fmt.Errorf("%s: tree %s could not read the group status for %s (longer than %s): %w",
+			cond, tree, d.Round(time.Millisecond), e.cfg.ConfirmWithin, err)
+	}
+	return nil
+}
+
+// confirmed ends tree's unconfirmed state for cond; the condition clears
+// when no tree is left in it.
+func (e *Engine) confirmed(cond, tree string) {
+	e.unconfMu.Lock()
+	defer e.unconfMu.Unlock()
+	m := e.unconf[cond]
+	if _, ok := m[tree]; !ok {
+		return
+	}
+	delete(m, tree)
+	if len(m) == 0 {
+		e.cfg.Conditions.Clear(cond)
+	}
+}
 
 func (e *Engine) gcLoop(ctx context.Context) error {
 	t := time.NewTicker(e.cfg.GCInterval)

@@ -19,6 +19,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
@@ -626,3 +627,105 @@ func TestRegistrationsFollowTheHolder(t *testing.T) {
 }
 
 var _ = bytes.Equal
+
+// A target that cannot read the group status does not apply; it says so
+// (source_unconfirmed), retries with backoff, applies once it can read it
+// again, and past ConfirmWithin ends Run with an error so that systemd
+// restarts the service.
+func TestUnconfirmedSourceIsBounded(t *testing.T) {
+	l := newLab(t)
+	n2 := newNode(t, "n2")
+	l.setHolder("n1", 1)
+	st, err := store.Open(l.ctx, l.ctl.JS, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := l.ctl.StateKV(l.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	putManifest := func(gen uint64) {
+		t.Helper()
+		m := &fstree.Manifest{Cluster: cluster, Group: group, Tree: "voicemail", Node: "n1", Epoch: 1,
+			Generation: gen, Created: time.Now().UTC(), Changed: time.Now().UTC(), Digest: fstree.Digest(nil)}
+		if err := st.PutManifest(l.ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	applied := func(from int, gen uint64) func() error {
+		return func() error {
+			if _, _, i := l.find(from, func(_ events.Envelope, p events.Payload) bool {
+				a, ok := p.(*events.ReplicationApplied)
+				return ok && a.Node == "n2" && a.Generation == gen && a.Error == ""
+			}); i < 0 {
+				return fmt.Errorf("generation %d not applied", gen)
+			}
+			return nil
+		}
+	}
+
+	conds := daemon.NewConditions(slog.New(slog.DiscardHandler))
+	b := bustest.Connect(t, l.srv, bus.Identity{Cluster: cluster, Service: "replicator", Node: "n2"})
+	nst, err := store.Open(l.ctx, b.JS, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := replicate.New(replicate.Config{
+		Cluster: cluster, Group: group, Node: "n2", StateDir: n2.state,
+		Trees:    []replicate.Tree{{Name: "voicemail", Root: n2.root}},
+		Debounce: 10 * time.Millisecond, ScanInterval: time.Hour, MaxDeleteShare: 0.10, AllowDeletes: 2,
+		Conditions: conds, ConfirmWithin: 3 * time.Second,
+	}, b, nst, prometheus.NewRegistry(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(l.ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- e.Run(ctx) }()
+
+	mark := l.mark()
+	putManifest(1)
+	l.eventually("first manifest applied", 10*time.Second, applied(mark, 1))
+
+	// The status unreadable: the next manifest is held back, and said so.
+	if err := kv.Delete(l.ctx, events.GroupStatusKey(cluster, group)); err != nil {
+		t.Fatal(err)
+	}
+	mark = l.mark()
+	putManifest(2)
+	l.eventually("source_unconfirmed raised", 10*time.Second, func() error {
+		if !conds.Is(replicate.CondSourceUnconfirmed) {
+			return fmt.Errorf("not raised: %v", conds.Raised())
+		}
+		return nil
+	})
+	if err := applied(mark, 2)(); err == nil {
+		t.Fatal("applied a manifest whose source it could not confirm")
+	}
+	// Readable again: the retry applies it and the condition clears.
+	l.setHolder("n1", 1)
+	l.eventually("applied after the status came back", 10*time.Second, applied(mark, 2))
+	l.eventually("source_unconfirmed cleared", 10*time.Second, func() error {
+		if conds.Is(replicate.CondSourceUnconfirmed) {
+			return fmt.Errorf("still raised")
+		}
+		return nil
+	})
+
+	// Unreadable for longer than ConfirmWithin: Run ends with the reason.
+	if err := kv.Delete(l.ctx, events.GroupStatusKey(cluster, group)); err != nil {
+		t.Fatal(err)
+	}
+	began := time.Now()
+	putManifest(3)
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), replicate.CondSourceUnconfirmed) {
+			t.Fatalf("run ended with %v, want the source_unconfirmed bound", err)
+		}
+		t.Logf("gave up after %s: %v", time.Since(began).Round(time.Millisecond), err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("still running after 30 s with the group status unreadable")
+	}
+}

@@ -68,6 +68,12 @@ type worker struct {
 	// confirmation, which counts it as part of the pass it confirms.
 	progressGen  uint64
 	progressDone fstree.ApplyResult
+
+	// backoff is the next retry's delay while the group status cannot be
+	// read (0 otherwise); giveUp is set once that has lasted longer than
+	// ConfirmWithin, and ends run.
+	backoff time.Duration
+	giveUp  error
 }
 
 type peerState struct {
@@ -146,7 +152,7 @@ func (w *worker) run(ctx context.Context) error {
 		case <-debounce.C:
 			armed = false
 			if w.isSource() && !w.pass(ctx, false) {
-				retry.Reset(time.Second)
+				retry.Reset(w.retryIn(time.Second))
 			}
 		case <-poll:
 			if w.isSource() {
@@ -154,7 +160,7 @@ func (w *worker) run(ctx context.Context) error {
 			}
 		case <-w.manifestCh:
 			if w.isTarget() && !w.apply(ctx, false) {
-				retry.Reset(2 * time.Second)
+				retry.Reset(w.retryIn(2 * time.Second))
 			}
 		case <-w.ackCh:
 			w.ackMu.Lock()
@@ -165,11 +171,49 @@ func (w *worker) run(ctx context.Context) error {
 				w.onAck(ctx, a)
 			}
 		case <-retry.C:
-			w.onTick(ctx, true)
+			// A plain failure waits for the next scan; one that could not
+			// read the group status retries with backoff until it can or
+			// gives up.
+			if !w.onTick(ctx, true) && w.backoff > 0 {
+				retry.Reset(w.retryIn(0))
+			}
 		case <-scan.C:
 			w.onTick(ctx, false)
 		}
+		if w.giveUp != nil {
+			return w.giveUp
+		}
 	}
+}
+
+// retryIn is the delay before the next retry: def normally, the backoff
+// (250 ms doubling to 5 s) while the group status cannot be read.
+func (w *worker) retryIn(def time.Duration) time.Duration {
+	if w.backoff == 0 {
+		return def
+	}
+	d := w.backoff
+	w.backoff = min(2*w.backoff, 5*time.Second)
+	return d
+}
+
+// unconfirmed enters (or stays in) the state in which the group status
+// cannot be read: retries back off, cond is raised, and past ConfirmWithin
+// run ends.
+func (w *worker) unconfirmed(cond string, err error) {
+	if w.backoff == 0 {
+		w.backoff = 250 * time.Millisecond
+	}
+	if gu := w.e.unconfirmed(cond, w.t.Name, err); gu != nil {
+		w.log.Error("cannot read the group status within confirm_within; exiting for a restart", "condition", cond, "err", gu)
+		w.giveUp = gu
+	}
+}
+
+// confirmedStatus leaves that state.
+func (w *worker) confirmedStatus(cond string) {
+	w.backoff = 0
+	w.e.confirmed(cond, w.t.Name)
 }
 
 func (w *worker) isSource() bool { return w.role.Holder == w.e.cfg.Node && w.role.Epoch > 0 }
@@ -182,6 +226,10 @@ func (w *worker) onRole(ctx context.Context) {
 	}
 	was := w.isSource()
 	w.role = r
+	// A new role starts afresh: whatever could not be confirmed was about
+	// the old one.
+	w.confirmedStatus(CondSourceUnconfirmed)
+	w.confirmedStatus(CondHolderUnconfirmed)
 	// Progress manifests are per holder and epoch (generations come from
 	// the holder's clock).
 	w.progressDone, w.progressGen = fstree.ApplyResult{}, 0
@@ -207,15 +255,17 @@ func (w *worker) onRole(ctx context.Context) {
 	}
 }
 
-func (w *worker) onTick(ctx context.Context, retry bool) {
+func (w *worker) onTick(ctx context.Context, retry bool) bool {
 	switch {
 	case w.isSource():
-		w.pass(ctx, false)
+		ok := w.pass(ctx, false)
 		w.updateLag()
+		return ok
 	case w.isTarget():
 		// The full re-check also repairs local drift on the target.
-		w.apply(ctx, !retry)
+		return w.apply(ctx, !retry)
 	}
+	return true
 }
 
 // read lists the tree as it is now.
@@ -303,11 +353,26 @@ func (w *worker) pass(ctx context.Context, force bool) bool {
 		return false
 	}
 	if err := w.e.confirmHolder(ctx, epoch); err != nil {
+		if ctx.Err() != nil {
+			return true
+		}
+		if !errors.Is(err, errNotHolder) {
+			// Not known to have lost the role, only unable to tell: keep
+			// the change pending and retry.
+			w.log.Warn("cannot confirm this node still holds; not publishing", "epoch", epoch, "err", err)
+			w.e.m.passes.WithLabelValues(w.t.Name, "source", "unconfirmed").Inc()
+			w.dirty = true
+			w.changedAt = changedAt
+			w.unconfirmed(CondHolderUnconfirmed, err)
+			return false
+		}
+		w.confirmedStatus(CondHolderUnconfirmed)
 		w.log.Warn("not publishing", "err", err)
 		w.e.m.passes.WithLabelValues(w.t.Name, "source", "not_holder").Inc()
 		nudge(w.roleCh)
 		return true
 	}
+	w.confirmedStatus(CondHolderUnconfirmed)
 	gen := max(uint64(time.Now().UnixNano()), w.lastGen+1)
 	m := &fstree.Manifest{
 		Cluster: w.e.cfg.Cluster, Group: w.e.cfg.Group, Tree: w.t.Name, Node: w.e.cfg.Node,
@@ -558,13 +623,16 @@ func (w *worker) apply(ctx context.Context, force bool) bool {
 	}
 	if err := w.e.confirmTenure(ctx, m.Node, m.Epoch); err != nil {
 		if errors.Is(err, errNotHolder) {
+			w.confirmedStatus(CondSourceUnconfirmed)
 			return true // the direction changed under us: setRole wakes the worker
 		}
 		if ctx.Err() == nil {
 			w.log.Warn("cannot confirm the source still holds; not applying", "source", m.Node, "epoch", m.Epoch, "err", err)
+			w.unconfirmed(CondSourceUnconfirmed, err)
 		}
 		return false
 	}
+	w.confirmedStatus(CondSourceUnconfirmed)
 	start := time.Now()
 	var res fstree.ApplyResult
 	if w.t.isAstDB() {
