@@ -19,6 +19,11 @@ type Cluster struct {
 	Cluster string `yaml:"cluster"`
 	// NATS lists the nats-servers; three for production.
 	NATS []Server `yaml:"nats"`
+	// LeaderServers names, most preferred first, the servers that should
+	// lead every raft group (the witness's in the co-located shape). It goes
+	// into every arbiter's bus.leader_servers; an arbiter on a host that shares
+	// a server not listed here is written as a standby.
+	LeaderServers []string `yaml:"leader_servers"`
 	// Nodes are the PBX nodes (prober, ipmover and replicator run on each).
 	Nodes []Host `yaml:"nodes"`
 	// Control are the control hosts (arbiter and scheduler run on each).
@@ -48,6 +53,9 @@ type Server struct {
 	ClusterPort int      `yaml:"cluster_port"` // default 6222
 	// Monitor is the monitoring listener (default 127.0.0.1:8222; "-" for none).
 	Monitor string `yaml:"monitor"`
+	// FanHost is the node or control host this server shares a machine with
+	// (empty: a NATS host of its own). Services on that host dial it first.
+	FanHost string `yaml:"fan_host"`
 }
 
 // Host is a machine that runs fan services.
@@ -158,6 +166,29 @@ func (c *Cluster) validate() error {
 				}
 			}
 		}
+	}
+	servers := map[string]bool{}
+	for _, s := range c.NATS {
+		servers[s.Name] = true
+	}
+	for i, l := range c.LeaderServers {
+		if !servers[l] {
+			return config.Errf(fmt.Sprintf("leader_servers[%d]", i), "%q is not one of the nats servers", l)
+		}
+	}
+	sharing := map[string]string{}
+	for i, s := range c.NATS {
+		if s.FanHost == "" {
+			continue
+		}
+		key := fmt.Sprintf("nats[%d].fan_host", i)
+		if kind := names[s.FanHost]; kind != "nodes" && kind != "control" {
+			return config.Errf(key, "%q is not a node or control host", s.FanHost)
+		}
+		if prev, dup := sharing[s.FanHost]; dup {
+			return config.Errf(key, "%q already shares a machine with %s", s.FanHost, prev)
+		}
+		sharing[s.FanHost] = s.Name
 	}
 	for _, n := range c.HTTPHeartbeatNodes {
 		if err := events.ValidToken("node", n); err != nil {

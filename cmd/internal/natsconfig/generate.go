@@ -367,12 +367,49 @@ func list(ss []string) string {
 	return "[" + strings.Join(out, ", ") + "]"
 }
 
-func (g *gen) urls() string {
-	var u []string
+// urls lists the servers for a client on host: the server sharing its
+// machine first (a PBX host's own server answers even when the LAN is cut),
+// then the leader servers in order (where every write goes anyway), then the
+// rest.
+func (g *gen) urls(host string) string {
+	var order []Server
 	for _, s := range g.c.NATS {
+		if host != "" && s.FanHost == host {
+			order = append(order, s)
+		}
+	}
+	for _, l := range g.c.LeaderServers {
+		for _, s := range g.c.NATS {
+			if s.Name == l && !slices.ContainsFunc(order, func(o Server) bool { return o.Name == s.Name }) {
+				order = append(order, s)
+			}
+		}
+	}
+	for _, s := range g.c.NATS {
+		if !slices.ContainsFunc(order, func(o Server) bool { return o.Name == s.Name }) {
+			order = append(order, s)
+		}
+	}
+	var u []string
+	for _, s := range order {
 		u = append(u, "tls://"+net.JoinHostPort(s.Host, strconv.Itoa(s.ClientPort)))
 	}
 	return strings.Join(u, ",")
+}
+
+// standby says whether the arbiter on host shares its machine with a server
+// that should not lead: it must not hold the lease while one on the witness
+// can (deploy/systemd/README.md, section 0).
+func (g *gen) standby(host string) bool {
+	if len(g.c.LeaderServers) == 0 {
+		return false
+	}
+	for _, s := range g.c.NATS {
+		if s.FanHost == host && !slices.Contains(g.c.LeaderServers, s.Name) {
+			return true
+		}
+	}
+	return false
 }
 
 func (g *gen) serverConf(s Server, ids []identity) ([]byte, error) {
@@ -500,19 +537,31 @@ func (g *gen) busSnippet(id identity) []byte {
 			fmt.Fprintf(&b, "operator: %s\n", q(id.Name))
 		}
 		fmt.Fprintf(&b, "url: %s\nnkey_seed: %s\ntls:\n  ca: %s\n  cert: %s\n  key: %s\n",
-			q(g.urls()), p(SeedFile(id.file())), p(caCert), p(CertFile(id.file())), p(KeyFile(id.file())))
+			q(g.urls("")), p(SeedFile(id.file())), p(caCert), p(CertFile(id.file())), p(KeyFile(id.file())))
 		return []byte(b.String())
 	}
 	p := func(name string) string { return q(filepath.Join(g.c.FanDir, name)) }
 	var b strings.Builder
 	fmt.Fprintf(&b, "# bus section for fan-%s on %s (cluster %s), written by fanctl nats-config.\n", id.Role, id.Dir, g.c.Cluster)
 	fmt.Fprintf(&b, "bus:\n  url: %s\n  nkey_seed: %s\n  tls:\n    ca: %s\n    cert: %s\n    key: %s\n",
-		q(g.urls()), p(SeedFile(id.file())), p(caCert), p(CertFile(id.file())), p(KeyFile(id.file())))
+		q(g.urls(id.Dir)), p(SeedFile(id.file())), p(caCert), p(CertFile(id.file())), p(KeyFile(id.file())))
 	if id.Role == events.RoleArbiter {
 		sys := id
 		sys.System = true
 		fmt.Fprintf(&b, "  # The system account, for the meta leader's step-downs (with leader_servers).\n")
 		fmt.Fprintf(&b, "  system:\n    nkey_seed: %s\n", p(SeedFile(sys.file())))
+		if len(g.c.LeaderServers) > 0 {
+			var ls []string
+			for _, l := range g.c.LeaderServers {
+				ls = append(ls, q(l))
+			}
+			fmt.Fprintf(&b, "  leader_servers: [%s]\n", strings.Join(ls, ", "))
+		}
+		if g.standby(id.Dir) {
+			fmt.Fprintf(&b, "# This replica shares its host with a NATS server that should not lead:\n")
+			fmt.Fprintf(&b, "# it holds the lease only while no replica without standby is alive.\n")
+			fmt.Fprintf(&b, "standby: true\n")
+		}
 	}
 	return []byte(b.String())
 }
