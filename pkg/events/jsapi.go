@@ -46,3 +46,16 @@ const JSMetaLeaderElectedAdvisory = jsAdvisoryPrefix + ".DOMAIN.LEADER_ELECTED"
 
 // KVStreamName is the stream that backs a key-value bucket.
 func KVStreamName(bucket string) string { return "KV_" + bucket }
+
+// ObjectStreamName is the stream that backs an object store.
+func ObjectStreamName(bucket string) string { return "OBJ_" + bucket }
+
+// LedStreams are fan's streams whose raft leaders (with their durable
+// consumers') the arbiter keeps on bus.leader_servers: every stream fan
+// provisions, the state bucket's and the replicator's object stores
+// included. A write to any of them stalls while its leader's host is down
+// and an election runs.
+func LedStreams() []string {
+	return []string{CommandsStream, EventsStream, KVStreamName(StateBucket),
+		ObjectStreamName(ReplBlobBucket), ObjectStreamName(ReplManifestBucket)}
+}

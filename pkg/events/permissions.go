@@ -325,7 +325,7 @@ func (id Identity) Permissions() (Permissions, error) {
 		// leader's needs the system account, a separate identity).
 		// The steward lists the durable consumers to find their leaders
 		// and hears elections from the advisories.
-		for _, s := range []string{EventsStream, CommandsStream, KVStreamName(StateBucket)} {
+		for _, s := range LedStreams() {
 			pub(JSStreamLeaderStepDownSubject(s), JSConsumerLeaderStepDownSubject(s, "*"),
 				jsAPI+".STREAM.INFO."+s, jsAPI+".CONSUMER.LIST."+s, jsAPI+".CONSUMER.INFO."+s+".*")
 			sub(JSStreamLeaderElectedAdvisory(s), JSConsumerLeaderElectedAdvisory(s, "*"))

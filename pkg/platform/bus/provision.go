@@ -21,12 +21,11 @@ const (
 	StateBucket    = events.StateBucket
 )
 
-// Streams lists every stream fan provisions, the state bucket's included:
-// the raft groups (with their durable consumers) whose leaders the arbiter
-// keeps on bus.leader_servers. A stream added to Provision belongs here.
-func Streams() []string {
-	return []string{CommandsStream, EventsStream, events.KVStreamName(StateBucket)}
-}
+// Streams lists every stream fan provisions, the state bucket's and the
+// replicator's object stores included: the raft groups (with their durable
+// consumers) whose leaders the arbiter keeps on bus.leader_servers. A
+// stream added to Provision belongs in events.LedStreams.
+func Streams() []string { return events.LedStreams() }
 
 // CommandDedupeWindow is how long the command stream remembers message ids.
 // It exceeds any command deadline, so a re-published command inside its
