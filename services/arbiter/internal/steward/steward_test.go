@@ -136,6 +136,9 @@ func TestStewardKeepsLeadersOnChosenServer(t *testing.T) {
 	if err := b.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
+	if err := b.ProvisionObjectStores(ctx); err != nil {
+		t.Fatal(err)
+	}
 	for _, n := range []string{"pbx1", "pbx2"} {
 		if _, err := b.ExecutorConsumer(ctx, n); err != nil {
 			t.Fatal(err)
