@@ -306,8 +306,8 @@ func (id Identity) Permissions() (Permissions, error) {
 	case RoleProber:
 		pub(BeaconSubject(cl, id.Name))
 	case RoleArbiter:
-		pub(LeaseSubject(cl, "*"))
-		sub(AllOperatorRequests(cl), AllBeacons(cl))
+		pub(LeaseSubject(cl, "*"), ArbiterPresenceSubject(cl, id.Name))
+		sub(AllOperatorRequests(cl), AllBeacons(cl), AllArbiterPresence(cl))
 		pub(streamRead(EventsStream)...)
 		pub(streamRead(kvStream(StateBucket))...)
 		// The lease and outstanding claims are read back from the command

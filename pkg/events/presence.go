@@ -49,3 +49,44 @@ func DecodeBeacon(data []byte) (Beacon, error) {
 	}
 	return b, nil
 }
+
+// ArbiterPresenceSubject carries one arbiter replica's presence, on core
+// NATS like the beacons (one token more, so AllBeacons never matches it).
+func ArbiterPresenceSubject(cluster, node string) string {
+	return LiveRoot + "." + cluster + ".arbiter." + node
+}
+
+// AllArbiterPresence matches every arbiter replica's presence in a cluster.
+func AllArbiterPresence(cluster string) string { return LiveRoot + "." + cluster + ".arbiter.*" }
+
+// ArbiterPresence says "this arbiter replica is running and on the bus".
+// A standby replica (one on a PBX host) campaigns for the lease only while
+// it hears no replica that is not a standby, and hands the lease back once
+// it has heard one for a while.
+type ArbiterPresence struct {
+	Node       string    `json:"node"`
+	Standby    bool      `json:"standby"`
+	IntervalMS int64     `json:"interval_ms"`
+	At         time.Time `json:"at"`
+}
+
+// Encode renders the presence.
+func (p ArbiterPresence) Encode() ([]byte, error) { return json.Marshal(p) }
+
+// DecodeArbiterPresence parses and validates an arbiter's presence.
+func DecodeArbiterPresence(data []byte) (ArbiterPresence, error) {
+	var p ArbiterPresence
+	if len(data) > 1024 {
+		return p, fmt.Errorf("arbiter presence: %w", ErrTooLarge)
+	}
+	if err := json.Unmarshal(data, &p); err != nil {
+		return p, fmt.Errorf("arbiter presence: %w", err)
+	}
+	if err := ValidToken("node", p.Node); err != nil {
+		return p, fmt.Errorf("arbiter presence: %w", err)
+	}
+	if p.IntervalMS <= 0 {
+		return p, fmt.Errorf("arbiter presence: %w: interval_ms", ErrMissingField)
+	}
+	return p, nil
+}

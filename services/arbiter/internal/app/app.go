@@ -124,10 +124,23 @@ func (s *Service) Run(ctx context.Context) error {
 		s.kv = kv
 		host, _ := os.Hostname()
 		s.holder = fmt.Sprintf("%s/%s/%d", s.cfg.Node, host, os.Getpid())
-		l, err := lease.New(lease.Config{Cluster: s.cfg.Cluster, Holder: s.holder, TTL: s.cfg.LeaseTTL.D()}, rt.Bus, s.log)
+		lc := lease.Config{Cluster: s.cfg.Cluster, Holder: s.holder, TTL: s.cfg.LeaseTTL.D()}
+		if s.cfg.Standby {
+			p := newPrimaries(time.Now())
+			stop, err := s.watchPrimaries(rt.Bus, p)
+			if err != nil {
+				return fmt.Errorf("subscribe to arbiter presence: %w", err)
+			}
+			defer stop()
+			lc.MayHold = func(leading bool) bool { return p.mayHold(time.Now(), leading) }
+		}
+		l, err := lease.New(lc, rt.Bus, s.log)
 		if err != nil {
 			return err
 		}
+		presenceDone := make(chan struct{})
+		go func(ctx context.Context) { s.announcePresence(ctx, rt.Bus); close(presenceDone) }(ctx)
+		defer func() { <-presenceDone }()
 		s.lease = l
 		defer s.runSteward(ctx, rt)()
 		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Bus.Emit, s.log)

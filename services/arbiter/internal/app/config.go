@@ -22,9 +22,13 @@ type Config struct {
 	// LeaseTTL is the leadership lease (whole seconds). A dead leader is
 	// replaced after about this long; commands are fenced by it.
 	LeaseTTL config.Duration `yaml:"lease_ttl"`
-	Groups   []GroupConfig   `yaml:"groups"`
-	Policy   PolicyConfig    `yaml:"policy"`
-	Registry RegistryConfig  `yaml:"registry"`
+	// Standby marks a replica on a PBX host: it campaigns for the lease only
+	// while it hears no replica without it, and hands the lease back once it
+	// has heard one for a while (see "Where the raft leaders live").
+	Standby  bool           `yaml:"standby"`
+	Groups   []GroupConfig  `yaml:"groups"`
+	Policy   PolicyConfig   `yaml:"policy"`
+	Registry RegistryConfig `yaml:"registry"`
 	// HTTPHeartbeat is the REST endpoint for hosts without a prober.
 	HTTPHeartbeat HTTPHeartbeatConfig `yaml:"http_heartbeat"`
 

@@ -55,6 +55,11 @@ type Config struct {
 	RenewEvery time.Duration
 	// Margin is kept between the local deadline and the server's expiry.
 	Margin time.Duration
+	// MayHold, when set, is asked before every campaign and renewal (with
+	// whether this replica leads now). While it says no, a follower does
+	// not campaign and a leader stops commanding and stops renewing: its
+	// lease message expires within TTL and another replica takes over.
+	MayHold func(leading bool) bool
 }
 
 // Change reports a leadership change to the owner.
@@ -133,6 +138,22 @@ func (l *Lease) attempt(ctx context.Context) {
 	sent := l.now()
 	if !l.leading && sent.Before(l.holdOffUntil) {
 		return // released on purpose: let another replica have it first
+	}
+	if l.cfg.MayHold != nil && !l.cfg.MayHold(l.leading && sent.Before(l.validUntil)) {
+		if l.leading {
+			l.leading = false
+			l.log.Info("handing the arbiter lease back", "epoch", l.epoch)
+			// Deleting the term's messages lets the other replica take the
+			// lease at its next campaign instead of after the TTL.
+			if sent.Before(l.validUntil) {
+				dctx, cancel := context.WithTimeout(ctx, l.validUntil.Sub(sent))
+				if err := l.deleteTerm(dctx); err != nil {
+					l.log.Warn("lease handback: could not delete the lease messages; they expire with their ttl", "epoch", l.epoch, "err", err)
+				}
+				cancel()
+			}
+		}
+		return
 	}
 	if l.leading && sent.After(l.validUntil) {
 		l.leading = false

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -194,4 +195,30 @@ func TestStaleForgedRecordIsTakenOver(t *testing.T) {
 		t.Fatalf("term %d does not follow the forged record %d", c.Epoch, forged)
 	}
 	t.Logf("lease taken over %v after a forged record", time.Since(start).Round(time.Millisecond))
+}
+
+// TestMayHoldHandsTheLeaseBack: a replica told it may not hold stops
+// commanding at once and stops renewing, so another takes the lease when
+// the message expires; told it may, it campaigns again.
+func TestMayHoldHandsTheLeaseBack(t *testing.T) {
+	s := bustest.Server(t)
+	var mu sync.Mutex
+	may := true
+	standby := newLease(t, s, "standby")
+	standby.cfg.MayHold = func(bool) bool { mu.Lock(); defer mu.Unlock(); return may }
+	sch, _ := run(t, standby)
+	waitChange(t, sch, true, 5*time.Second)
+
+	primary := newLease(t, s, "primary")
+	pch, _ := run(t, primary)
+	mu.Lock()
+	may = false
+	mu.Unlock()
+	start := time.Now()
+	waitChange(t, sch, false, 5*time.Second)
+	if standby.Leading() {
+		t.Fatal("still leading after handing back")
+	}
+	waitChange(t, pch, true, 5*time.Second)
+	t.Logf("primary leads %v after the standby was told to hand back", time.Since(start).Round(time.Millisecond))
 }
