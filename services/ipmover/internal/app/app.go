@@ -66,6 +66,9 @@ type Service struct {
 	listKeys func(context.Context) ([]string, error) // group status keys
 	bg       sync.WaitGroup                          // event publications in flight
 	quiet    atomic.Int32                            // >0 while a command or policy changes addresses: not corrections
+	conds    *daemon.Conditions
+	// resyncRetry wakes runResyncRetries after an incomplete re-sync.
+	resyncRetry chan string
 
 	// act serialises changes of what is held (commands, conflict yields,
 	// bus-loss release, re-sync); mu guards the maps.
@@ -199,16 +202,36 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.pub = rt.Bus
 		s.watch = rt.Bus.Watch
+		s.conds = rt.Conditions
+		s.conds.Declare(condResyncIncomplete)
+		s.resyncRetry = make(chan string, 1)
 		leases, err := rt.Bus.LeaseRecords(ctx, events.ArbiterLease)
 		if err != nil {
 			return err
 		}
 		s.contract = s.newContract(execute.NewLeaseTerms(leases))
-		kv, kvErr := rt.Bus.StateKV(ctx)
-		s.kv = readKV(kv, kvErr)
+		// The state bucket is opened on first use and again after a failed
+		// open, so a bucket unreachable at start does not leave every
+		// later re-sync and confirmation failing.
+		var kvMu sync.Mutex
+		var kvOpen jetstream.KeyValue
+		stateKV := func(ctx context.Context) (jetstream.KeyValue, error) {
+			kvMu.Lock()
+			defer kvMu.Unlock()
+			if kvOpen == nil {
+				kv, err := rt.Bus.StateKV(ctx)
+				if err != nil {
+					return nil, err
+				}
+				kvOpen = kv
+			}
+			return kvOpen, nil
+		}
+		s.kv = readKV(stateKV)
 		s.listKeys = func(ctx context.Context) ([]string, error) {
-			if kvErr != nil {
-				return nil, kvErr
+			kv, err := stateKV(ctx)
+			if err != nil {
+				return nil, err
 			}
 			l, err := kv.ListKeysFiltered(ctx, events.AllGroupStatusKeys(s.cfg.Cluster))
 			if err != nil {
@@ -220,7 +243,7 @@ func (s *Service) Run(ctx context.Context) error {
 			}
 			return keys, nil
 		}
-		s.resync(ctx, "start")
+		s.resyncOrRetry(ctx, "start")
 
 		// Background work lives until the commands stop, not until ctx
 		// ends, so nothing re-adds an address after the release below.
@@ -252,6 +275,7 @@ func (s *Service) Run(ctx context.Context) error {
 				}
 			})
 		}
+		wg.Go(func() { s.runResyncRetries(bgCtx) })
 		s.m.busContact.Set(1)
 		wg.Go(func() {
 			busloss.Run(bgCtx, busloss.Config{
@@ -321,10 +345,11 @@ func (s *Service) releaseAll(ctx context.Context) error {
 }
 
 // readKV adapts the state bucket to conflict.ReadKey.
-func readKV(kv jetstream.KeyValue, openErr error) conflict.ReadKey {
+func readKV(open func(context.Context) (jetstream.KeyValue, error)) conflict.ReadKey {
 	return func(ctx context.Context, key string) ([]byte, error) {
-		if openErr != nil {
-			return nil, openErr
+		kv, err := open(ctx)
+		if err != nil {
+			return nil, err
 		}
 		e, err := kv.Get(ctx, key)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {

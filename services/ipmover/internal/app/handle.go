@@ -466,7 +466,7 @@ func (s *Service) regained(ctx context.Context) {
 	for _, ev := range q {
 		s.emitAsync(ev)
 	}
-	s.resync(ctx, "bus regained")
+	s.resyncOrRetry(ctx, "bus regained")
 }
 
 // resync aligns what is held with the arbiter's state. A group held here
@@ -474,14 +474,20 @@ func (s *Service) regained(ctx context.Context) {
 // this node holder of is taken (a restart or a bus-loss release of an
 // address that never moved); every other group listed is not held, so an
 // address left behind by a killed predecessor is removed.
-func (s *Service) resync(ctx context.Context, why string) {
+//
+// It returns what it could not do (nil when every group is aligned); the
+// caller retries (resyncOrRetry). A held group whose claim cannot be
+// confirmed because the state cannot be read is left as it is: neither
+// released nor re-taken (see "How it fails" in the README).
+func (s *Service) resync(ctx context.Context, why string) error {
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	statuses, err := s.groupStatuses(rctx)
 	if err != nil {
 		s.log.Warn("resync: cannot read group status", "why", why, "err", err)
-		return
+		return fmt.Errorf("read group status: %w", err)
 	}
+	var failed []error
 	confirm := conflict.Confirmer{Cluster: s.cfg.Cluster, Node: s.cfg.Node, Read: s.kv}
 	maxEpoch := s.fence.Snapshot().MaxEpoch
 	for _, g := range statuses {
@@ -503,16 +509,28 @@ func (s *Service) resync(ctx context.Context, why string) {
 		hold := g.Holder == s.cfg.Node && g.Epoch >= maxEpoch
 		if held {
 			v := confirm.Confirm(rctx, mine)
+			if v.ReadErr != nil {
+				// Cannot tell: dropping an address nobody else is known to
+				// hold cuts the phones off, so it stays as it is until a
+				// retry can read the state. A second holder, if there is
+				// one, is ended by the conflict watch (which yields when it
+				// cannot confirm) and the arbiter's release.
+				s.log.Warn("resync: cannot confirm the claim held; leaving the group as it is", "group", g.Group, "err", v.ReadErr)
+				failed = append(failed, fmt.Errorf("group %s: confirm claim: %w", g.Group, v.ReadErr))
+				continue
+			}
 			hold = v.Confirmed
 		}
 		if !hold {
 			if err := s.release(rctx, g.Group, prefixes); err != nil {
 				s.log.Warn("resync: release", "group", g.Group, "err", err)
+				failed = append(failed, fmt.Errorf("group %s: release: %w", g.Group, err))
 			}
 			continue
 		}
 		if err := s.fence.Manage(g.Addresses...); err != nil {
 			s.log.Warn("resync: cannot record the addresses to hold; not taking them", "group", g.Group, "err", err)
+			failed = append(failed, fmt.Errorf("group %s: record the addresses to hold: %w", g.Group, err))
 			continue
 		}
 		s.act.Lock()
@@ -528,7 +546,11 @@ func (s *Service) resync(ctx context.Context, why string) {
 		}
 		s.act.Unlock()
 		s.log.Info("resynced desired state", "why", why, "group", g.Group, "hold", true, "epoch", g.Epoch, "err", err)
+		if err != nil {
+			failed = append(failed, fmt.Errorf("group %s: take: %w", g.Group, err))
+		}
 	}
+	return errors.Join(failed...)
 }
 
 func (s *Service) groupStatuses(ctx context.Context) ([]events.GroupStatus, error) {

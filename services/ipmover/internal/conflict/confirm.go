@@ -31,6 +31,10 @@ type Verdict struct {
 	Holder      string // as the arbiter's state names it, if read
 	HolderEpoch uint64
 	Reason      string
+	// ReadErr is set when the state could not be read at all: the answer
+	// is "cannot tell", which a conflict treats as not confirmed (yield)
+	// and a re-sync as "leave it as it is and retry".
+	ReadErr error
 }
 
 // ReadKey reads one key of the state bucket. A missing key is (nil, nil).
@@ -76,7 +80,7 @@ type arbiterState struct {
 func (cf Confirmer) Confirm(ctx context.Context, c Claim) Verdict {
 	b, err := cf.Read(ctx, events.GroupStatusKey(cf.Cluster, c.Group))
 	if err != nil {
-		return Verdict{Reason: fmt.Sprintf("cannot read group status: %v", err)}
+		return Verdict{Reason: fmt.Sprintf("cannot read group status: %v", err), ReadErr: err}
 	}
 	if b != nil {
 		var gs events.GroupStatus
@@ -100,7 +104,7 @@ func (cf Confirmer) Confirm(ctx context.Context, c Claim) Verdict {
 
 	b, err = cf.Read(ctx, events.ArbiterStateKey(cf.Cluster))
 	if err != nil {
-		return Verdict{Reason: fmt.Sprintf("cannot read arbiter state: %v", err)}
+		return Verdict{Reason: fmt.Sprintf("cannot read arbiter state: %v", err), ReadErr: err}
 	}
 	if b == nil {
 		return Verdict{Reason: "no holder in the arbiter's state"}
