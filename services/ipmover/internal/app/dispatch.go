@@ -157,8 +157,15 @@ func (x *dispatchExecutor) run(ctx context.Context, b *bus.Bus) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	wg.Go(func() { x.follow(ctx, statusW, regW) })
+	// Without the weights watch the executor would keep stale weights for
+	// good: its failure ends the service so systemd restarts it.
+	weightsErr := make(chan error, 1)
 	if x.cfg.Weights {
-		wg.Go(func() { x.watchWeights(ctx, b) })
+		wg.Go(func() {
+			if err := x.watchWeights(ctx, b); err != nil && ctx.Err() == nil {
+				weightsErr <- err
+			}
+		})
 	}
 	t := time.NewTicker(x.cfg.Resync.D())
 	defer t.Stop()
@@ -166,6 +173,9 @@ func (x *dispatchExecutor) run(ctx context.Context, b *bus.Bus) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case err := <-weightsErr:
+			x.log.Error("cannot follow dispatcher weights; exiting for a restart", "err", err)
+			return fmt.Errorf("dispatcher weights: %w", err)
 		case <-x.wake:
 			x.syncStates(ctx, false)
 		case <-x.weightC:
@@ -257,14 +267,14 @@ func (x *dispatchExecutor) syncStates(ctx context.Context, force bool) {
 }
 
 // watchWeights follows the group's weight sets, starting from the last one.
-func (x *dispatchExecutor) watchWeights(ctx context.Context, b *bus.Bus) {
+// It returns an error only when it cannot follow them.
+func (x *dispatchExecutor) watchWeights(ctx context.Context, b *bus.Bus) error {
 	cons, err := b.JS.OrderedConsumer(ctx, bus.EventsStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{events.WeightsSubject(x.cluster, x.cfg.Group)},
 		DeliverPolicy:  jetstream.DeliverLastPerSubjectPolicy,
 	})
 	if err != nil {
-		x.log.Error("cannot follow dispatcher weights", "err", err)
-		return
+		return fmt.Errorf("weights consumer: %w", err)
 	}
 	cc, err := cons.Consume(func(m jetstream.Msg) {
 		_, p, ok := b.DecodeFrom(m.Subject(), m.Data())
@@ -284,11 +294,11 @@ func (x *dispatchExecutor) watchWeights(ctx context.Context, b *bus.Bus) {
 		x.poke(x.weightC)
 	})
 	if err != nil {
-		x.log.Error("cannot follow dispatcher weights", "err", err)
-		return
+		return fmt.Errorf("consume weights: %w", err)
 	}
 	<-ctx.Done()
 	cc.Stop()
+	return nil
 }
 
 // applyWeights rewrites the list with the current desired states and
