@@ -11,6 +11,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 	_ "time/tzdata" // named zones must resolve in a FROM scratch image too
@@ -41,7 +43,19 @@ type Service struct {
 	schedules map[string]window.Schedule
 	// wake re-arms the loop's timer after a reload.
 	wake chan struct{}
+
+	conds *daemon.Conditions
 }
+
+// The conditions the scheduler raises: a permit of an open window could not
+// be published (the next tick, tick_every later, publishes it again), or
+// the plan could not be written (retried after 1 s, doubling to 30 s).
+// Neither is a reason to exit: the stream keeps permits already published,
+// and a restart would not publish any sooner.
+const (
+	condPermitUnpublished = "permit_unpublished"
+	condPlanUnwritten     = "plan_unwritten"
+)
 
 // Build loads the configuration; it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
@@ -70,6 +84,8 @@ func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
 // Run joins the bus and emits permits until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "scheduler", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
+		s.conds = rt.Conditions
+		s.conds.Declare(condPermitUnpublished, condPlanUnwritten)
 		return s.loop(ctx, rt.Bus)
 	})
 }
@@ -81,6 +97,8 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	unpublished := map[string]error{}
+	var planRetry time.Duration
 	for {
 		select {
 		case <-ctx.Done():
@@ -99,10 +117,33 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
 				wake = next
 			}
 			if tick != nil {
-				s.publish(ctx, b, g.Name, tick)
+				if err := s.publish(ctx, b, g.Name, tick); err != nil {
+					unpublished[g.Name] = err
+				} else {
+					delete(unpublished, g.Name)
+				}
 			}
 		}
-		s.writePlan(ctx, kv, b.Source().Node, now)
+		if len(unpublished) == 0 {
+			s.conds.Clear(condPermitUnpublished)
+		} else {
+			var why []string
+			for g, err := range unpublished {
+				why = append(why, g+": "+err.Error())
+			}
+			slices.Sort(why)
+			s.conds.Raise(condPermitUnpublished, strings.Join(why, "; "))
+		}
+		if err := s.writePlan(ctx, kv, b.Source().Node, now); err != nil {
+			s.conds.Raise(condPlanUnwritten, err.Error())
+			planRetry = min(max(2*planRetry, time.Second), 30*time.Second)
+			if r := now.Add(planRetry); r.Before(wake) {
+				wake = r
+			}
+		} else {
+			s.conds.Clear(condPlanUnwritten)
+			planRetry = 0
+		}
 		timer.Reset(max(wake.Sub(s.now()), time.Millisecond))
 	}
 }
@@ -110,16 +151,17 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
 // publish emits one tick. Every instance builds the same envelope id for
 // the same tick, so the stream keeps one copy. A failed publish is not
 // retried here: the next tick restates the permit.
-func (s *Service) publish(ctx context.Context, b *bus.Bus, group string, t *window.Tick) {
+func (s *Service) publish(ctx context.Context, b *bus.Bus, group string, t *window.Tick) error {
 	p := events.FailbackPermit{Group: group, Window: t.Range.Name, ValidFrom: t.Start, ValidUntil: t.Range.End}
 	id := permit.ID(s.cfg.Cluster, group, t.Range.Name, t.Start)
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := b.Emit(pctx, p, events.WithID(id), events.At(t.Start)); err != nil {
 		s.log.Warn("failback permit not published", "group", group, "window", t.Range.Name, "tick", t.Start, "err", err)
-		return
+		return fmt.Errorf("window %s tick %s: %w", t.Range.Name, t.Start.Format(time.RFC3339), err)
 	}
 	s.log.Debug("failback permit", "group", group, "window", t.Range.Name, "valid_until", t.Range.End, "event_id", id)
+	return nil
 }
 
 // Plan computes what `fanctl windows` shows: each group's open window and next ones.
@@ -145,17 +187,20 @@ func (s *Service) Plan(now time.Time, node string) events.SchedulePlan {
 
 func (s *Service) writePlan(ctx context.Context, kv interface {
 	Put(context.Context, string, []byte) (uint64, error)
-}, node string, now time.Time) {
+}, node string, now time.Time) error {
 	b, err := json.Marshal(s.Plan(now, node))
 	if err != nil {
 		s.log.Error("encode plan", "err", err)
-		return
+		return fmt.Errorf("encode plan: %w", err)
 	}
 	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
 	if _, err := kv.Put(pctx, events.ScheduleKey(s.cfg.Cluster), b); err != nil {
-		s.log.Warn("plan not written", "err", fmt.Errorf("put %s: %w", events.ScheduleKey(s.cfg.Cluster), err))
+		err = fmt.Errorf("put %s: %w", events.ScheduleKey(s.cfg.Cluster), err)
+		s.log.Warn("plan not written", "err", err)
+		return err
 	}
+	return nil
 }
 
 // Reload applies a changed configuration file on SIGHUP. Windows, blackout
