@@ -132,6 +132,11 @@ bus:
 {{- if .LeaderServers}}
   leader_servers: [{{range $i, $n := .LeaderServers}}{{if $i}}, {{end}}{{$n}}{{end}}]
 {{- end}}
+{{- if .SystemUser}}
+  system:
+    user: {{.SystemUser}}
+    password: {{.SystemPassword}}
+{{- end}}
 lease_ttl: 2s
 groups:
   - name: {{.Group}}

@@ -135,6 +135,11 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return nil, err
 	}
+	if o.Topology != TopologySingle {
+		if err := s.writeAccounts(); err != nil {
+			return nil, err
+		}
+	}
 	if _, err := ParseTopology(string(o.Topology)); err != nil {
 		return nil, err
 	}
@@ -202,6 +207,9 @@ func (s *Stack) hostData(host string) map[string]any {
 			}
 		}
 		d["LeaderServers"] = leaders
+	}
+	if s.opts.LeaderPlacement && s.opts.Topology != TopologySingle {
+		d["SystemUser"], d["SystemPassword"] = labSystemUser, labSystemPassword
 	}
 	if s.opts.StandbyArbiters && s.opts.Topology == TopologyColocated {
 		d["Standby"] = slices.Contains(s.nodeNames(), host)

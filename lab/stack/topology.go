@@ -164,6 +164,7 @@ func (s *Stack) natsArgs(host string) []string {
 	args := []string{"-listen", fmt.Sprintf("%s:%d", addr, natsPort),
 		"-store", filepath.Join(s.dir, "nats-"+host), "-name", s.ServerName(host)}
 	args = append(args, s.natsSecurityArgs(host)...)
+	args = append(args, s.accountsArgs()...)
 	if s.opts.Topology == TopologySingle {
 		// The single topology's store keeps its historical place.
 		args[3] = filepath.Join(s.dir, "nats")
