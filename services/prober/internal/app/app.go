@@ -28,6 +28,7 @@ type Service struct {
 	cfg     Config
 	log     *slog.Logger
 	version string
+	conds   *daemon.Conditions
 
 	mu     sync.Mutex
 	states map[string]events.CheckState
@@ -65,6 +66,8 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 // Run probes until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "prober", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
+		s.conds = rt.Conditions
+		s.conds.Declare(condHeartbeatUnpublished)
 		var wg sync.WaitGroup
 		checkers := make([]check.Checker, 0, len(s.cfg.Checks))
 		for _, cc := range s.cfg.Checks {
@@ -333,6 +336,13 @@ func (s *Service) beacons(ctx context.Context, b *bus.Bus) {
 	}
 }
 
+// condHeartbeatUnpublished is raised while the heartbeat, which carries
+// every check's state and so repairs any lost transition, cannot be
+// published; it is retried every heartbeat interval and clears at the first
+// that is stored. The prober keeps probing meanwhile: it holds no role to
+// give up, and a restart would not reach the bus any sooner.
+const condHeartbeatUnpublished = "heartbeat_unpublished"
+
 func (s *Service) heartbeats(ctx context.Context, b *bus.Bus, turned func()) {
 	sampler := telemetry.NewSampler()
 	t := time.NewTicker(s.cfg.HeartbeatInterval.D())
@@ -364,6 +374,9 @@ func (s *Service) heartbeats(ctx context.Context, b *bus.Bus, turned func()) {
 		s.mu.Unlock()
 		if _, err := b.Emit(ctx, hb); err != nil && ctx.Err() == nil {
 			s.log.Warn("publish heartbeat failed", "err", err)
+			s.conds.Raise(condHeartbeatUnpublished, err.Error())
+		} else if err == nil {
+			s.conds.Clear(condHeartbeatUnpublished)
 		}
 		select {
 		case <-ctx.Done():
