@@ -36,7 +36,7 @@ func TestColocatedTopology(t *testing.T) {
 	})
 	// bus.leader_servers names the witness's server: the arbiter's steward
 	// keeps every raft leader there while it is up.
-	st, err := stack.Start(ctx, l, stack.Options{BinDir: bin, Log: log, Topology: topo, LeaderPlacement: true})
+	st, err := stack.Start(ctx, l, stack.Options{BinDir: bin, Log: log, Topology: topo, LeaderPlacement: true, StandbyArbiters: true})
 	if st != nil {
 		t.Cleanup(func() {
 			if t.Failed() {

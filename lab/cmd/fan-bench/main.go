@@ -211,7 +211,9 @@ func measure(ctx context.Context, log *slog.Logger, rc runConfig, system string,
 		if defaults {
 			opts = stack.Options{BinDir: bin, Log: log, MaxMovesPerHour: -1}
 		}
-		opts.Topology, opts.LeaderPlacement = rc.topo, rc.placement
+		// Placement is the whole of it: leaders on the witness (bus.leader_servers,
+		// bus.system) and the lease off the PBX hosts (standby arbiters).
+		opts.Topology, opts.LeaderPlacement, opts.StandbyArbiters = rc.topo, rc.placement, rc.placement
 		st, err := stack.Start(ctx, l, opts)
 		if st != nil {
 			defer st.Stop()
