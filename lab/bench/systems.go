@@ -69,6 +69,14 @@ func (f *Fan) Fault(ctx context.Context, s Scenario, node string) error {
 	case PBXDeath:
 		return f.St.KillPBX(ctx, node)
 	case NodeCrash:
+		if len(f.St.NATSHosts()) > 1 {
+			// A crash while a raft group still catches up (after the start
+			// or the last cycle's restart) can take the group's quorum with
+			// it: that measures the previous cycle, not this one.
+			if err := f.settle(ctx); err != nil {
+				return err
+			}
+		}
 		if f.ForceLeaders {
 			nc, js, err := f.bus()
 			if err != nil {
@@ -313,4 +321,27 @@ func (k *Keepalived) Logs() string {
 		fmt.Fprintf(&b, "==== %s\n%s\n", name, p.Tail(3000))
 	}
 	return b.String()
+}
+
+// settle waits until every raft group has a leader and current replicas.
+func (f *Fan) settle(ctx context.Context) error {
+	_, js, err := f.bus()
+	if err != nil {
+		return err
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		gs, err := leaders.List(ctx, js)
+		if err == nil && leaders.Settled(gs) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("raft groups not settled before the crash: %s (%v)", leaders.Describe(gs), err)
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
