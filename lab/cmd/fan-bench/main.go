@@ -65,7 +65,7 @@ func run() error {
 	defaults := flag.Bool("fan-defaults", false, "run fan with its default settings (peer probes every 200 ms, beacons every 100 ms) instead of keepalived's budget")
 	topoFlag := flag.String("topology", "single", "fan's bus: single (one NATS server on ctl), colocated (servers and arbiters on n1, n2 and the witness ctl), dedicated (three NATS hosts)")
 	leadersFlag := flag.String("leaders", "fan", "node-crash in a three-server topology: fan (raft leaders and the lease where fan puts them) or forced (all moved onto the crashing node just before the fault)")
-	placement := flag.Bool("leader-placement", false, "write the arbiter's bus.leader_servers (the witness's server): fan keeps the raft leaders there")
+	placement := flag.Bool("leader-placement", true, "three-server topologies: write the arbiters' bus.leader_servers (the witness's server; all three in dedicated) and bus.system, and standby: true on the PBX hosts' arbiters (colocated): fan keeps the raft leaders and the lease off the PBX hosts; =false leaves them where they fall")
 	flag.Parse()
 	topo, err := stack.ParseTopology(*topoFlag)
 	if err != nil {
