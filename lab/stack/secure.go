@@ -2,19 +2,102 @@ package stack
 
 import (
 	"context"
+	"fmt"
+	"os"
+	"os/exec"
 	"path/filepath"
+	"strconv"
+	"strings"
 
 	"github.com/fanpbx/fan/lab/netlab"
 )
 
+// Identities the secure lab issues besides the services' own: the operator
+// and auditor people, and the admin that provisions the streams.
+const (
+	LabOperator = "alice"
+	LabAuditor  = "audit"
+	LabAdmin    = "admin"
+)
+
+// bundleMount stands for the directory a bundle is installed in: the lab's
+// hosts share one file system, so each host's files stay in their bundle
+// and the generated paths are rewritten to point there.
+const bundleMount = "/fan-lab-bundle"
+
+// busDir is where `fanctl nats-config` writes the secure lab's credentials.
+func (s *Stack) busDir() string { return filepath.Join(s.dir, "bus") }
+
+// Bundle is the directory of one host's or person's generated credentials
+// (SecureBus only).
+func (s *Stack) Bundle(name string) string { return filepath.Join(s.busDir(), "hosts", name) }
+
+// generateBus writes a cluster file naming the lab's hosts and runs
+// `fanctl nats-config` on it, as an installer would.
+func (s *Stack) generateBus(ctx context.Context) error {
+	ctl := s.hostAddr(netlab.ControlHost)
+	var b strings.Builder
+	fmt.Fprintf(&b, "cluster: %s\nnats:\n  - name: %s\n    host: %q\n    ips: [%q]\n    client_port: %d\n    monitor: \"-\"\n",
+		s.opts.Cluster, s.ServerName(netlab.ControlHost), ctl, ctl, natsPort)
+	b.WriteString("nodes:\n")
+	for _, n := range s.nodeNames() {
+		fmt.Fprintf(&b, "  - name: %s\n", n)
+	}
+	fmt.Fprintf(&b, "control:\n  - name: %s\noperators: [%s]\nauditors: [%s]\n", netlab.ControlHost, LabOperator, LabAuditor)
+	fmt.Fprintf(&b, "nats_dir: %q\nstore_dir: %q\nfan_dir: %q\n",
+		s.Bundle(s.ServerName(netlab.ControlHost)), filepath.Join(s.dir, "nats"), bundleMount)
+	cf := filepath.Join(s.dir, "bus-cluster.yaml")
+	if err := os.WriteFile(cf, []byte(b.String()), 0o644); err != nil {
+		return err
+	}
+	out, err := exec.CommandContext(ctx, filepath.Join(s.opts.BinDir, "fanctl"), "nats-config",
+		"--cluster-file", cf, "--out", s.busDir()).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("fanctl nats-config: %w: %s", err, out)
+	}
+	for _, p := range []string{LabOperator, LabAuditor, LabAdmin} {
+		if _, err := s.installed(p, "fanctl.yaml"); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// installed reads file from name's bundle with the bundle's paths pointing
+// at the bundle itself, writes that copy into the lab's dir and returns it.
+func (s *Stack) installed(name, file string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(s.Bundle(name), file))
+	if err != nil {
+		return "", fmt.Errorf("bundle %s: %w", name, err)
+	}
+	p := s.FanctlConfig(name)
+	if file != "fanctl.yaml" {
+		p = filepath.Join(s.dir, name+"-"+file)
+	}
+	txt := strings.ReplaceAll(string(b), bundleMount+"/", s.Bundle(name)+"/")
+	return txt, os.WriteFile(p, []byte(txt), 0o600)
+}
+
+// FanctlConfig is the fanctl --config file of a person (LabOperator,
+// LabAuditor, LabAdmin) in a SecureBus lab.
+func (s *Stack) FanctlConfig(person string) string {
+	return filepath.Join(s.dir, "fanctl-"+person+".yaml")
+}
+
 // natsSecurityArgs are fan-nats's authentication and TLS arguments on host.
 func (s *Stack) natsSecurityArgs(host string) []string {
+	if s.opts.SecureBus {
+		return []string{"-server-config", filepath.Join(s.Bundle(s.ServerName(host)), "nats-server.conf")}
+	}
 	return []string{"-insecure-lab"}
 }
 
 // FanctlArgs are the connection flags fanctl needs to reach the lab's bus
-// from the control host.
+// from the control host (the operator's identity on a SecureBus lab).
 func (s *Stack) FanctlArgs() []string {
+	if s.opts.SecureBus {
+		return []string{"--config", s.FanctlConfig(LabOperator)}
+	}
 	return []string{"--url", s.NATSURL(), "--insecure-lab"}
 }
 
@@ -25,8 +108,50 @@ func (s *Stack) Fanctl(ctx context.Context, args ...string) ([]byte, error) {
 	return s.Lab.Exec(ctx, netlab.ControlHost, append(argv, args...)...)
 }
 
+// FanctlAs runs fanctl on the control host with person's generated
+// configuration (SecureBus only).
+func (s *Stack) FanctlAs(ctx context.Context, person string, args ...string) ([]byte, error) {
+	argv := []string{filepath.Join(s.opts.BinDir, "fanctl"), "--config", s.FanctlConfig(person)}
+	return s.Lab.Exec(ctx, netlab.ControlHost, append(argv, args...)...)
+}
+
 // busAuth is the template data of the bus identity of svc on host (see
-// busAuthTemplate); empty while the lab runs a plain bus.
+// busAuthTemplate): on a SecureBus lab, the url, seed and TLS files of the
+// bus section `fanctl nats-config` wrote into host's bundle; empty while the
+// lab runs a plain bus.
 func (s *Stack) busAuth(host, svc string) map[string]any {
-	return map[string]any{}
+	if !s.opts.SecureBus {
+		return map[string]any{}
+	}
+	txt, err := s.installed(host, svc+"-bus.yaml")
+	if err != nil {
+		// The template then writes insecure_lab and the service refuses
+		// the secure server: the failure shows in its log.
+		s.opts.Log.Error("bus bundle", "host", host, "service", svc, "err", err)
+		return map[string]any{}
+	}
+	keys := map[string]string{"url": "NATS", "nkey_seed": "BusSeed", "ca": "BusCA", "cert": "BusCert", "key": "BusKey"}
+	m := map[string]any{}
+	inSystem := false
+	for _, line := range strings.Split(txt, "\n") {
+		t := strings.TrimSpace(line)
+		if strings.HasPrefix(t, "#") {
+			continue
+		}
+		k, v, ok := strings.Cut(t, ":")
+		if !ok {
+			continue
+		}
+		if k == "system" {
+			inSystem = true
+			continue
+		}
+		if uq, err := strconv.Unquote(strings.TrimSpace(v)); err == nil {
+			v = uq
+		}
+		if d, ok := keys[k]; ok && !(inSystem && k == "nkey_seed") {
+			m[d] = strings.TrimSpace(v)
+		}
+	}
+	return m
 }

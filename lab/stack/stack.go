@@ -20,6 +20,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"text/template"
@@ -67,6 +68,12 @@ type Options struct {
 	// StandbyArbiters, in the colocated topology, writes standby: true in
 	// the configs of the arbiter replicas that share a host with a PBX node.
 	StandbyArbiters bool
+	// SecureBus runs the bus as an installation does: `fanctl nats-config`
+	// writes the CA, certificates, nkeys and the server's configuration into
+	// the lab's dir, fan-nats runs it, the admin provisions the streams and
+	// every service and fanctl connect with their own identity (operator
+	// LabOperator, auditor LabAuditor). Single topology only.
+	SecureBus bool
 }
 
 func (o *Options) defaults() {
@@ -148,6 +155,14 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 			return nil, fmt.Errorf("topology %s: %w (build the lab with Topology.LabSpec)", o.Topology, err)
 		}
 	}
+	if o.SecureBus {
+		if o.Topology != TopologySingle {
+			return nil, fmt.Errorf("secure bus: topology %s not supported (single only)", o.Topology)
+		}
+		if err := s.generateBus(ctx); err != nil {
+			return nil, err
+		}
+	}
 	// Every server first: a member waits for the others' routes.
 	for _, h := range s.NATSHosts() {
 		if err := s.start(h, "fan-nats", s.natsArgs(h)...); err != nil {
@@ -157,6 +172,13 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 	for _, h := range s.NATSHosts() {
 		if err := s.waitTCP(ctx, h, fmt.Sprintf("%s:%d", s.hostAddr(h), natsPort)); err != nil {
 			return nil, fmt.Errorf("nats on %s not reachable: %w", h, err)
+		}
+	}
+
+	if o.SecureBus {
+		// Services may not create streams under the generated permissions.
+		if out, err := s.FanctlAs(ctx, LabAdmin, "provision", "--replicas", strconv.Itoa(s.replicas())); err != nil {
+			return s, fmt.Errorf("fanctl provision: %w: %s", err, out)
 		}
 	}
 
