@@ -28,14 +28,19 @@ type OutboxConfig struct {
 	// Cap bounds how many events may wait (default 4096). At the cap the
 	// oldest waiting event is dropped, counted and logged.
 	Cap int
-	// Attempt bounds one publish and its acknowledgement (default 1 s). A
-	// stream without a leader does not answer at all, so this is also how
-	// long a publish can keep the next attempt waiting once the stream is
-	// back.
+	// Attempt bounds one publish and its acknowledgement (default 500 ms,
+	// a hundred times a normal ack). A stream without a leader does not
+	// answer at all, so this plus MaxBackoff bounds how late an event is
+	// stored after the stream is back: under a heartbeat interval.
 	Attempt time.Duration
 	// MinBackoff and MaxBackoff space the retries of a failed publish
 	// (defaults 10 ms and 250 ms, doubling).
 	MinBackoff, MaxBackoff time.Duration
+	// OnFull, when set, is told when the outbox starts dropping at its cap
+	// (true) and when it has room again (false), e.g. to raise a condition.
+	// It is called without the outbox's lock held, from the posting or the
+	// publishing goroutine.
+	OnFull func(full bool)
 }
 
 func (c *OutboxConfig) defaults() {
@@ -43,7 +48,7 @@ func (c *OutboxConfig) defaults() {
 		c.Cap = 4096
 	}
 	if c.Attempt <= 0 {
-		c.Attempt = time.Second
+		c.Attempt = 500 * time.Millisecond
 	}
 	if c.MinBackoff <= 0 {
 		c.MinBackoff = 10 * time.Millisecond
@@ -202,12 +207,12 @@ func (o *Outbox) PostEnvelope(key string, env events.Envelope, p events.Payload)
 		}
 	}
 	var lost *outboxEntry
+	nowFull := false
 	if o.queue.Len() >= o.cfg.Cap {
 		lost = o.removeLocked(o.queue.Front())
 		o.dropped.WithLabelValues("full").Inc()
 		if !o.full {
-			o.full = true
-			o.log.Error("outbox full: dropping the oldest waiting events until the bus stores again", "cap", o.cfg.Cap)
+			o.full, nowFull = true, true
 		}
 	}
 	if o.queue.Len() == 0 {
@@ -218,6 +223,12 @@ func (o *Outbox) PostEnvelope(key string, env events.Envelope, p events.Payload)
 		o.byKey[key] = el
 	}
 	o.mu.Unlock()
+	if nowFull {
+		o.log.Error("outbox full: dropping the oldest waiting events until the bus stores again", "cap", o.cfg.Cap)
+		if o.cfg.OnFull != nil {
+			o.cfg.OnFull(true)
+		}
+	}
 	if lost != nil {
 		o.log.Warn("outbox event dropped", "reason", "full", "type", lost.typ, "event_id", lost.id, "waited", time.Since(lost.posted))
 	}
@@ -314,18 +325,25 @@ func (o *Outbox) run() {
 		err := o.publish(e)
 		o.mu.Lock()
 		gone := e.gone
+		roomAgain := false
 		switch {
 		case err == nil || permanent(err):
 			if !gone {
 				o.removeLocked(front)
 			}
 			if o.full && o.queue.Len() < o.cfg.Cap/2 {
-				o.full = false
+				o.full, roomAgain = false, true
 			}
 		case !gone:
 			o.retries.Inc()
 		}
 		o.mu.Unlock()
+		if roomAgain {
+			o.log.Info("outbox has room again", "cap", o.cfg.Cap)
+			if o.cfg.OnFull != nil {
+				o.cfg.OnFull(false)
+			}
+		}
 		if err == nil {
 			o.stored.Inc()
 			if failing > 0 {

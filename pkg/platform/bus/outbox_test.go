@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -199,7 +200,13 @@ func TestOutboxCap(t *testing.T) {
 	if err := b.JS.DeleteStream(ctx, bus.EventsStream); err != nil {
 		t.Fatal(err)
 	}
-	o := newOutbox(t, b, bus.OutboxConfig{Cap: 3, Attempt: 200 * time.Millisecond})
+	var mu sync.Mutex
+	var told []bool
+	o := newOutbox(t, b, bus.OutboxConfig{Cap: 3, Attempt: 200 * time.Millisecond, OnFull: func(full bool) {
+		mu.Lock()
+		told = append(told, full)
+		mu.Unlock()
+	}})
 	ids := post(t, o, [2]string{"", "a"}, [2]string{"", "b"}, [2]string{"", "c"}, [2]string{"", "d"}, [2]string{"", "e"})
 	if !o.Full() || o.Pending() != 3 {
 		t.Fatalf("full %v pending %d, want full with 3", o.Full(), o.Pending())
@@ -216,6 +223,11 @@ func TestOutboxCap(t *testing.T) {
 	}
 	if o.Full() {
 		t.Fatal("still full after draining")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(told) != "[true false]" {
+		t.Fatalf("OnFull told %v, want [true false]", told)
 	}
 }
 

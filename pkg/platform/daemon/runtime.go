@@ -50,6 +50,10 @@ func (c *Common) Validate() error {
 	return nil
 }
 
+// ConditionOutboxFull is raised while the runtime's outbox is at its cap
+// and drops its oldest waiting events.
+const ConditionOutboxFull = "outbox_full"
+
 // Runtime is what a running service shares with its components.
 type Runtime struct {
 	Bus *bus.Bus
@@ -103,7 +107,10 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 		rt.stopHTTP()
 		return nil, err
 	}
-	rt.Outbox = bus.NewOutbox(b, bus.OutboxConfig{}, log)
+	rt.Conditions.Declare(ConditionOutboxFull)
+	rt.Outbox = bus.NewOutbox(b, bus.OutboxConfig{OnFull: func(full bool) {
+		rt.Conditions.Set(ConditionOutboxFull, full, "events that must not be lost are being dropped: the bus has not stored anything for long")
+	}}, log)
 	rt.Metrics.MustRegister(rt.Outbox)
 	// Discovery is for operators: a server that refuses it (permissions)
 	// must not stop a failover service from running.

@@ -214,3 +214,16 @@ func freePort(t testing.TB) int {
 	defer l.Close()
 	return l.Addr().(*net.TCPAddr).Port
 }
+
+// Outbox starts an outbox on b, as the daemon runtime does for a service;
+// it is drained (for up to a second) at cleanup.
+func Outbox(t testing.TB, b *bus.Bus) *bus.Outbox {
+	t.Helper()
+	o := bus.NewOutbox(b, bus.OutboxConfig{}, slog.New(slog.DiscardHandler))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = o.Close(ctx)
+	})
+	return o
+}

@@ -55,6 +55,7 @@ type Service struct {
 	core   *decide.Core
 	lease  *lease.Lease
 	bus    *bus.Bus
+	ob     *bus.Outbox // what must be recorded even while the audit stream elects
 	kv     jetstream.KeyValue
 	reg    *registry.Registry
 	holder string // this replica's name in the lease
@@ -112,7 +113,7 @@ type input struct {
 // Run arbitrates until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "arbiter", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		s.bus = rt.Bus
+		s.bus, s.ob = rt.Bus, rt.Outbox
 		s.conds = rt.Conditions
 		s.conds.Declare(condRestoreFailed, condStateUnwritable)
 		s.metrics = newArbiterMetrics(rt.Metrics)
@@ -143,7 +144,7 @@ func (s *Service) Run(ctx context.Context) error {
 		defer func() { <-presenceDone }()
 		s.lease = l
 		defer s.runSteward(ctx, rt)()
-		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Bus.Emit, s.log)
+		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Outbox.Emit, s.log)
 		if hh := s.cfg.HTTPHeartbeat; hh.Listen != "" {
 			stop, err := s.serveHeartbeats(hh, rt.Bus.Emit)
 			if err != nil {
@@ -659,7 +660,11 @@ func (s *Service) runRegistry(ctx context.Context) error {
 // execute persists, then publishes, what the core decided, and reports
 // whether everything was published. State goes to the bucket before
 // anything leaves, so a successor never forgets a claim that may already
-// be executing, nor an operator's freeze or standby.
+// be executing, nor an operator's freeze or standby. Commands are published
+// here, fenced by the lease, and their failure is the core's to handle
+// (claim timeout); decisions and every other record go to the outbox, which
+// stores them in order once the audit stream can, without holding up the
+// next decision while it elects a leader.
 func (s *Service) execute(ctx context.Context, out decide.Output) bool {
 	if len(out.Emits) == 0 {
 		return true
@@ -678,13 +683,13 @@ func (s *Service) execute(ctx context.Context, out decide.Output) bool {
 			s.log.Error("core produced an invalid event", "type", e.Payload.EventType(), "err", err)
 			continue
 		}
-		pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		if cmd, ok := e.Payload.(events.Command); ok {
+			pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
 			err = s.lease.PublishCommand(pctx, env, cmd)
+			cancel()
 		} else {
-			err = s.bus.Publish(pctx, env, e.Payload)
+			err = s.ob.PostEnvelope("", env, e.Payload)
 		}
-		cancel()
 		if err != nil {
 			// An unpublished command is caught by the core's claim timeout.
 			s.log.Error("publish failed", "type", env.Type, "event_id", env.ID, "err", err)

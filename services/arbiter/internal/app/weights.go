@@ -3,7 +3,6 @@ package app
 import (
 	"context"
 	"slices"
-	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
@@ -47,9 +46,8 @@ func (s *Service) runWeights(ctx context.Context) {
 				if !changed || !s.lease.Leading() {
 					continue
 				}
-				pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-				_, err := s.bus.Emit(pctx, g.tr.Set(g.group, reason), events.CausedBy(env))
-				cancel()
+				// A newer set for the group supersedes one still waiting.
+				_, err := s.ob.Post("weights/"+g.group, g.tr.Set(g.group, reason), events.CausedBy(env))
 				if err != nil {
 					s.log.Warn("publish dispatcher weights failed", "group", g.group, "err", err)
 					continue

@@ -200,7 +200,9 @@ func (s *Service) Run(ctx context.Context) error {
 				return fmt.Errorf("ipmover metrics: %w", err)
 			}
 		}
-		s.pub = rt.Bus
+		// Results and reports go through the outbox: retried until the
+		// audit stream stores them, without holding up the next command.
+		s.pub = rt.Outbox
 		s.watch = rt.Bus.Watch
 		s.conds = rt.Conditions
 		s.conds.Declare(condResyncIncomplete)

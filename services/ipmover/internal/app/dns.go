@@ -97,7 +97,7 @@ func (s *Service) runDNS(ctx context.Context) error {
 		// One contract for every site: the sites' consumers share the
 		// fencing state and the name, and it handles one command at a time.
 		contract := execute.New(execute.Config{Fence: x.fence, Terms: execute.NewLeaseTerms(leases), Executor: x,
-			Publisher: rt.Bus, Logger: x.log})
+			Publisher: rt.Outbox, Logger: x.log})
 		if v, serial, err := x.up.Current(ctx); err != nil {
 			s.log.Warn("dns executor: cannot read the name at start", "err", err)
 		} else {

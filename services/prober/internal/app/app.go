@@ -28,7 +28,6 @@ type Service struct {
 	cfg     Config
 	log     *slog.Logger
 	version string
-	conds   *daemon.Conditions
 
 	mu     sync.Mutex
 	states map[string]events.CheckState
@@ -66,8 +65,6 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 // Run probes until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "prober", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		s.conds = rt.Conditions
-		s.conds.Declare(condHeartbeatUnpublished)
 		var wg sync.WaitGroup
 		checkers := make([]check.Checker, 0, len(s.cfg.Checks))
 		for _, cc := range s.cfg.Checks {
@@ -95,7 +92,7 @@ func (s *Service) Run(ctx context.Context) error {
 				defer wg.Done()
 				defer c.Close()
 				defer alive.Done()
-				s.loop(ctx, rt.Bus, cc, c, alive.Alive)
+				s.loop(ctx, rt.Outbox, cc, c, alive.Alive)
 			}()
 		}
 		wg.Add(2)
@@ -103,7 +100,7 @@ func (s *Service) Run(ctx context.Context) error {
 		go func() {
 			defer wg.Done()
 			defer hbAlive.Done()
-			s.heartbeats(ctx, rt.Bus, hbAlive.Alive)
+			s.heartbeats(ctx, rt.Outbox, hbAlive.Alive)
 		}()
 		go func() {
 			defer wg.Done()
@@ -156,7 +153,7 @@ func (s *Service) newChecker(cc CheckConfig) (check.Checker, error) {
 // loop runs one check on its interval. Runs never overlap: the timeout is
 // below the interval (validated), so a hung PBX costs one timeout per
 // interval, never a pile of goroutines.
-func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.Checker, turned func()) {
+func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c check.Checker, turned func()) {
 	log := s.log.With("check", cc.Name, "target_node", cc.TargetNode)
 	tr := health.New(cc.Rise, cc.Fall)
 	var lastPublished time.Time
@@ -187,7 +184,9 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 
 		var resultID string
 		if r.OK != lastOK || r.At.Sub(lastPublished) >= s.cfg.ResultsEvery.D() {
-			env, err := b.Emit(ctx, s.result(cc, c, r, ev))
+			// Keyed by check: a newer result supersedes one still waiting
+			// for the bus, so an outage queues one result per check.
+			env, err := b.Post(resultKey(cc.Name), s.result(cc, c, r, ev))
 			if err != nil {
 				log.Warn("publish result failed", "err", err)
 			} else {
@@ -206,7 +205,7 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus, cc CheckConfig, c check.
 	}
 }
 
-func (s *Service) publishTransition(ctx context.Context, b *bus.Bus, log *slog.Logger, cc CheckConfig, trn health.Transition, r check.Result, resultID string) string {
+func (s *Service) publishTransition(ctx context.Context, b *bus.Outbox, log *slog.Logger, cc CheckConfig, trn health.Transition, r check.Result, resultID string) string {
 	reason := fmt.Sprintf("%d consecutive successes (rise %d)", trn.Consecutive, cc.Rise)
 	if trn.To == events.HealthDown {
 		reason = fmt.Sprintf("%d consecutive failures (fall %d): %v", trn.Consecutive, cc.Fall, r.Err)
@@ -217,10 +216,10 @@ func (s *Service) publishTransition(ctx context.Context, b *bus.Bus, log *slog.L
 	if resultID != "" {
 		opts = append(opts, events.CausedByID(resultID, ""))
 	}
-	env, err := b.Emit(ctx, ht, opts...)
+	// The outbox retries it until stored; a newer transition of the same
+	// check supersedes it. The heartbeat carries the state too.
+	env, err := b.Post(healthKey(cc.Name), ht, opts...)
 	if err != nil {
-		// The heartbeat carries the state too, so a lost transition is
-		// repaired within one heartbeat interval.
 		log.Error("publish health transition failed", "to", trn.To, "err", err)
 	}
 	log.Info("health transition", "from", trn.From, "to", trn.To, "reason", reason, "event_id", env.ID)
@@ -232,7 +231,7 @@ func (s *Service) publishTransition(ctx context.Context, b *bus.Bus, log *slog.L
 // publishes each group that crossed its threshold. A group's evidence is
 // every member's latest result, in configured order, so the transition shows
 // which members were up and which were failing, and why.
-func (s *Service) publishGroups(ctx context.Context, b *bus.Bus, member string, to events.Health, causeID string) {
+func (s *Service) publishGroups(ctx context.Context, b *bus.Outbox, member string, to events.Health, causeID string) {
 	s.gmu.Lock()
 	defer s.gmu.Unlock()
 	for _, ch := range s.quorum.Observe(member, to) {
@@ -257,7 +256,7 @@ func (s *Service) publishGroups(ctx context.Context, b *bus.Bus, member string, 
 		if causeID != "" {
 			opts = append(opts, events.CausedByID(causeID, ""))
 		}
-		env, err := b.Emit(ctx, ht, opts...)
+		env, err := b.Post(healthKey(g.Name), ht, opts...)
 		if err != nil {
 			s.log.Error("publish group transition failed", "group", g.Name, "to", ch.To, "err", err)
 		}
@@ -265,6 +264,13 @@ func (s *Service) publishGroups(ctx context.Context, b *bus.Bus, member string, 
 		s.setStateNamed(g.Name, events.CheckState{TargetNode: g.TargetNode, Role: g.Role, Health: ch.To, Since: time.Now(), SinceEvent: env.ID})
 	}
 }
+
+// Outbox keys: at most one event of each waits for the bus. Checks and
+// groups share one namespace of names, as they do in the heartbeat.
+const heartbeatKey = "heartbeat"
+
+func healthKey(name string) string { return "health/" + name }
+func resultKey(name string) string { return "result/" + name }
 
 func (s *Service) group(name string) GroupConfig {
 	for _, g := range s.cfg.Groups {
@@ -336,14 +342,7 @@ func (s *Service) beacons(ctx context.Context, b *bus.Bus) {
 	}
 }
 
-// condHeartbeatUnpublished is raised while the heartbeat, which carries
-// every check's state and so repairs any lost transition, cannot be
-// published; it is retried every heartbeat interval and clears at the first
-// that is stored. The prober keeps probing meanwhile: it holds no role to
-// give up, and a restart would not reach the bus any sooner.
-const condHeartbeatUnpublished = "heartbeat_unpublished"
-
-func (s *Service) heartbeats(ctx context.Context, b *bus.Bus, turned func()) {
+func (s *Service) heartbeats(ctx context.Context, b *bus.Outbox, turned func()) {
 	sampler := telemetry.NewSampler()
 	t := time.NewTicker(s.cfg.HeartbeatInterval.D())
 	defer t.Stop()
@@ -372,11 +371,10 @@ func (s *Service) heartbeats(ctx context.Context, b *bus.Bus, turned func()) {
 			hb.ActiveCalls = &n
 		}
 		s.mu.Unlock()
-		if _, err := b.Emit(ctx, hb); err != nil && ctx.Err() == nil {
+		// A heartbeat still waiting for the bus is superseded by this one:
+		// after an outage the newest state goes out first thing.
+		if _, err := b.Post(heartbeatKey, hb); err != nil && ctx.Err() == nil {
 			s.log.Warn("publish heartbeat failed", "err", err)
-			s.conds.Raise(condHeartbeatUnpublished, err.Error())
-		} else if err == nil {
-			s.conds.Clear(condHeartbeatUnpublished)
 		}
 		select {
 		case <-ctx.Done():

@@ -237,6 +237,7 @@ func (s *Service) Run(ctx context.Context) error {
 			ecfg.Trees = append(ecfg.Trees, replicate.Tree{Name: s.cfg.AstDB.Name, AMI: sess,
 				Families: s.cfg.AstDB.Families, Poll: s.cfg.AstDB.Interval.D()})
 		}
+		ecfg.Outbox = rt.Outbox
 		eng, err := replicate.New(ecfg, rt.Bus, st, rt.Metrics, s.log)
 		if err != nil {
 			return fmt.Errorf("replicator: %w", err)

@@ -69,6 +69,9 @@ type Config struct {
 	// publishing (source); past it Run returns an error so the service
 	// exits and systemd restarts it. 0 means DefaultConfirmWithin.
 	ConfirmWithin time.Duration
+	// Outbox, when set, carries every report (retried until the audit
+	// stream stores it); without it reports are published directly.
+	Outbox *bus.Outbox
 }
 
 // The conditions the engine raises while it cannot read the group status
@@ -373,6 +376,18 @@ func (e *Engine) gcLoop(ctx context.Context) error {
 }
 
 func (e *Engine) emit(ctx context.Context, p events.Payload, opts ...events.Option) {
+	if e.cfg.Outbox != nil {
+		// A peer's newer status supersedes one still waiting: the arbiter
+		// wants the latest word on whether a target caught up.
+		key := ""
+		if st, ok := p.(events.ReplicationStatus); ok {
+			key = "status/" + st.Peer + "/" + st.Tree
+		}
+		if _, err := e.cfg.Outbox.Post(key, p, opts...); err != nil {
+			e.log.Warn("publish failed", "type", p.EventType(), "err", err)
+		}
+		return
+	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	if _, err := e.bus.Emit(pctx, p, opts...); err != nil {

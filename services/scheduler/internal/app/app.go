@@ -11,8 +11,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"sync"
 	"time"
 	_ "time/tzdata" // named zones must resolve in a FROM scratch image too
@@ -47,15 +45,11 @@ type Service struct {
 	conds *daemon.Conditions
 }
 
-// The conditions the scheduler raises: a permit of an open window could not
-// be published (the next tick, tick_every later, publishes it again), or
-// the plan could not be written (retried after 1 s, doubling to 30 s).
-// Neither is a reason to exit: the stream keeps permits already published,
-// and a restart would not publish any sooner.
-const (
-	condPermitUnpublished = "permit_unpublished"
-	condPlanUnwritten     = "plan_unwritten"
-)
+// condPlanUnwritten: the plan could not be written (retried after 1 s,
+// doubling to 30 s). Not a reason to exit: a restart would not write it any
+// sooner. Permits need no condition of their own: the outbox retries them
+// and raises outbox_full if its backlog reaches the cap.
+const condPlanUnwritten = "plan_unwritten"
 
 // Build loads the configuration; it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
@@ -85,19 +79,18 @@ func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "scheduler", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
 		s.conds = rt.Conditions
-		s.conds.Declare(condPermitUnpublished, condPlanUnwritten)
-		return s.loop(ctx, rt.Bus)
+		s.conds.Declare(condPlanUnwritten)
+		return s.loop(ctx, rt.Bus, rt.Outbox)
 	})
 }
 
-func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
+func (s *Service) loop(ctx context.Context, b *bus.Bus, ob *bus.Outbox) error {
 	kv, err := b.StateKV(ctx)
 	if err != nil {
 		return err
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
-	unpublished := map[string]error{}
 	var planRetry time.Duration
 	for {
 		select {
@@ -117,22 +110,8 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
 				wake = next
 			}
 			if tick != nil {
-				if err := s.publish(ctx, b, g.Name, tick); err != nil {
-					unpublished[g.Name] = err
-				} else {
-					delete(unpublished, g.Name)
-				}
+				s.publish(ob, g.Name, tick)
 			}
-		}
-		if len(unpublished) == 0 {
-			s.conds.Clear(condPermitUnpublished)
-		} else {
-			var why []string
-			for g, err := range unpublished {
-				why = append(why, g+": "+err.Error())
-			}
-			slices.Sort(why)
-			s.conds.Raise(condPermitUnpublished, strings.Join(why, "; "))
 		}
 		if err := s.writePlan(ctx, kv, b.Source().Node, now); err != nil {
 			s.conds.Raise(condPlanUnwritten, err.Error())
@@ -148,20 +127,17 @@ func (s *Service) loop(ctx context.Context, b *bus.Bus) error {
 	}
 }
 
-// publish emits one tick. Every instance builds the same envelope id for
-// the same tick, so the stream keeps one copy. A failed publish is not
-// retried here: the next tick restates the permit.
-func (s *Service) publish(ctx context.Context, b *bus.Bus, group string, t *window.Tick) error {
+// publish posts one tick. Every instance builds the same envelope id for
+// the same tick, so the stream keeps one copy. The outbox retries it until
+// stored; the group's next tick supersedes one still waiting.
+func (s *Service) publish(ob *bus.Outbox, group string, t *window.Tick) {
 	p := events.FailbackPermit{Group: group, Window: t.Range.Name, ValidFrom: t.Start, ValidUntil: t.Range.End}
 	id := permit.ID(s.cfg.Cluster, group, t.Range.Name, t.Start)
-	pctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-	defer cancel()
-	if _, err := b.Emit(pctx, p, events.WithID(id), events.At(t.Start)); err != nil {
+	if _, err := ob.Post("permit/"+group, p, events.WithID(id), events.At(t.Start)); err != nil {
 		s.log.Warn("failback permit not published", "group", group, "window", t.Range.Name, "tick", t.Start, "err", err)
-		return fmt.Errorf("window %s tick %s: %w", t.Range.Name, t.Start.Format(time.RFC3339), err)
+		return
 	}
 	s.log.Debug("failback permit", "group", group, "window", t.Range.Name, "valid_until", t.Range.End, "event_id", id)
-	return nil
 }
 
 // Plan computes what `fanctl windows` shows: each group's open window and next ones.

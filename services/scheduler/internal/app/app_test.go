@@ -69,7 +69,8 @@ func TestInstancesAgreeWithoutDuplicates(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		wg.Go(func() { _ = svc.loop(ctx, b) })
+		ob := bustest.Outbox(t, b)
+		wg.Go(func() { _ = svc.loop(ctx, b, ob) })
 	}
 	reader := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "test", Node: "r"})
 	var mu sync.Mutex

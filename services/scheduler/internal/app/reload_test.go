@@ -41,7 +41,8 @@ func TestReloadOpensAWindowAtOnce(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
-	wg.Go(func() { _ = sched.loop(ctx, b) })
+	ob := bustest.Outbox(t, b)
+	wg.Go(func() { _ = sched.loop(ctx, b, ob) })
 
 	permits := make(chan *events.FailbackPermit, 16)
 	reader := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "test", Node: "r"})
