@@ -233,7 +233,9 @@ func TestCrashMidTransferLeavesNoPartialFile(t *testing.T) {
 			dst := t.TempDir()
 			put(t, dst, "msg0001.wav", "old version")
 			cmd := exec.Command(os.Args[0], "-test.run=^TestCrashHelper$", "-test.v")
-			cmd.Env = append(os.Environ(), "FSTREE_CRASH_HELPER="+dst, "FSTREE_CRASH_AT="+at)
+			// The helper is killed, so it cannot clean a temporary directory
+			// of its own: its conflict directory is made (and removed) here.
+			cmd.Env = append(os.Environ(), "FSTREE_CRASH_HELPER="+dst, "FSTREE_CRASH_AT="+at, "FSTREE_CRASH_CONFLICTS="+t.TempDir())
 			out, err := cmd.StdoutPipe()
 			if err != nil {
 				t.Fatal(err)
@@ -316,7 +318,7 @@ func TestCrashHelper(t *testing.T) {
 	ex, _ := NewExcluder(nil)
 	o := opts(m)
 	o.Known = map[string]string{"msg0001.wav": "f:whatever"}
-	o.ConflictDir = t.TempDir()
+	o.ConflictDir = os.Getenv("FSTREE_CRASH_CONFLICTS")
 	_, _ = Apply(context.Background(), &Scanner{Root: dst, Exclude: ex}, want, o)
 	t.Fatal("apply finished; it should have been killed")
 }
