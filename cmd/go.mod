@@ -3,19 +3,23 @@ module github.com/fanpbx/fan/cmd
 go 1.26.0
 
 require (
+	github.com/chromedp/chromedp v0.23.0
+	github.com/fanpbx/fan/lab v0.0.0
 	github.com/fanpbx/fan/pkg/events v0.0.0
 	github.com/fanpbx/fan/pkg/platform v0.0.0
+	github.com/fanpbx/fan/services/arbiter v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 )
 
-require github.com/vishvananda/netns v0.0.5 // indirect
+require (
+	github.com/chromedp/cdproto v0.159.0 // indirect
+	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+)
 
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
-	github.com/fanpbx/fan/lab v0.0.0
-	github.com/fanpbx/fan/pkg/sipoptions v0.0.0
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
@@ -29,18 +33,25 @@ require (
 	github.com/prometheus/client_model v0.6.3 // indirect
 	github.com/prometheus/common v0.72.0 // indirect
 	github.com/prometheus/procfs v0.22.0 // indirect
-	go.yaml.in/yaml/v3 v3.0.6 // indirect
+	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/crypto v0.58.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
 
+// lab only for tests (lab/prereq in the status page's Chromium test), as
+// the services' tests use it: lab imports nothing of cmd, so no cycle forms.
 replace (
+	github.com/fanpbx/fan/lab => ../lab
 	github.com/fanpbx/fan/pkg/events => ../pkg/events
 	github.com/fanpbx/fan/pkg/platform => ../pkg/platform
+	github.com/fanpbx/fan/services/arbiter => ../services/arbiter
 )
 
-replace github.com/fanpbx/fan/lab => ../lab
-
-replace github.com/fanpbx/fan/pkg/sipoptions => ../pkg/sipoptions
+// Nothing cmd builds imports these: the arbiter's tests do, so the module
+// graph names them, and they resolve here rather than on a proxy.
+replace (
+	github.com/fanpbx/fan/pkg/ami => ../pkg/ami
+	github.com/fanpbx/fan/pkg/sipoptions => ../pkg/sipoptions
+)

@@ -4,9 +4,13 @@ go 1.26.0
 
 require (
 	github.com/fanpbx/fan/pkg/events v0.0.0
+	github.com/miekg/dns v1.1.73
 	github.com/nats-io/nats.go v1.55.0
+	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
 )
+
+require golang.org/x/net v0.60.0 // indirect
 
 require (
 	github.com/klauspost/compress v1.20.3 // indirect

@@ -29,12 +29,23 @@ func main() {
 	if errors.Is(err, natsconf.ErrUsage) {
 		os.Exit(2)
 	}
+	if errors.Is(err, natsconf.ErrVersion) {
+		fmt.Println(daemon.VersionLine("fan-nats", version))
+		return
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fan-nats:", err)
 		os.Exit(2)
 	}
+	e.LogNotices = true
 	log, _ := daemon.NewLogger(os.Stderr, "info", "json")
 	log = log.With("service", "fan-nats")
+	// Under systemd (Type=notify in fan-nats.service) READY=1 tells the
+	// units ordered after this one that the server accepts clients.
+	notify, err := daemon.NotifierFromEnv()
+	if err != nil {
+		log.Warn("sd_notify disabled", "err", err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	srv, err := bus.StartEmbedded(e, log)
@@ -47,7 +58,11 @@ func main() {
 	}
 	log.Info("ready", "url", srv.ClientURL(), "server_name", e.ServerName, "cluster", e.Cluster.Name,
 		"routes", e.Cluster.Routes, "version", version)
+	if err := notify.Send(daemon.NotifyReady, "STATUS=accepting clients on "+srv.ClientURL()); err != nil {
+		log.Warn("sd_notify failed", "err", err)
+	}
 	<-ctx.Done()
+	_ = notify.Send(daemon.NotifyStopping)
 	srv.Shutdown()
 	srv.WaitForShutdown()
 	log.Info("stopped")

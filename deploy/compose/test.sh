@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # The compose lab's test, on this machine's docker engine: build the static
-# binaries and the two images, `up`, wait until the floating IP answers from
-# n1, check every service's /healthz and /metrics, kill n1's PBX, wait until
-# the floating IP answers from n2, find the failover in `fanctl events`, then
-# `down` and prove nothing is left (containers, network, volumes, images).
+# binaries and the two images, make the bus's credentials with `fanctl
+# nats-config` (creds.sh, into a temporary directory), `up` (NATS with TLS
+# and per-service nkeys; the admin provisions the streams), wait until the
+# floating IP answers from n1, check every service's /healthz and /metrics,
+# show that clients without identity or without TLS are refused, kill n1's
+# PBX, wait until the floating IP answers from n2, find the failover in
+# `fanctl events`, then `down` and prove nothing is left (containers,
+# network, volumes, images).
 #
 #   deploy/compose/test.sh                 (make compose-test)
 #   FAN_BIN=/tmp/bin deploy/compose/test.sh   use binaries already built there
@@ -45,6 +49,7 @@ cleanup() {
 		say "logs of the failed run (last 40 lines per service):"
 		dc logs --no-color --tail=40 2>&1 | sed 's/^/    /'
 	fi
+	docker ps -aq --filter "label=fan.compose-test=$project" | xargs -r docker rm -f >/dev/null 2>&1
 	dc down -v --remove-orphans >/dev/null 2>&1
 	docker rmi -f "$FAN_IMAGE" "$FAN_STANDIN_IMAGE" >/dev/null 2>&1
 	rm -rf "$tmp"
@@ -61,7 +66,11 @@ fi
 say "building images $FAN_IMAGE $FAN_STANDIN_IMAGE (FROM scratch)"
 "$here/build-images.sh" "$bin" test "$repo" >/dev/null 2>&1 || "$here/build-images.sh" "$bin" test "$repo"
 
-say "up (project $project)"
+say "credentials: fanctl nats-config on cluster.yaml (CA, certificates, one nkey per service per host)"
+export FAN_CREDS="$tmp/creds"
+"$here/creds.sh" "$bin/fanctl" "$FAN_CREDS" >/dev/null
+
+say "up (project $project): NATS with TLS and nkeys, then the admin provisions, then the services"
 dc up -d >/dev/null 2>&1 || { dc up -d; exit 1; }
 
 # who answers the floating IP now, as a phone on the lab network sees it
@@ -97,6 +106,53 @@ for svc in prober:203.0.113.11:9101 ipmover:203.0.113.11:9102 replicator:203.0.1
 		fail "$name on $host:$port: /metrics has no fan_build_info"
 done
 say "all 8 services answer /healthz 200 and /metrics"
+
+# Strangers on the lab network. Each attempt says what it tried; each must
+# be refused by the server for the reason given, never merely fail locally.
+net="${project}_lab"
+stranger() { # stranger MOUNT FANCTL-ARGS...: fanctl in a fresh container with only MOUNT
+	timeout 60 docker run --rm --network "$net" --label "fan.compose-test=$project" \
+		-v "$1" "$FAN_IMAGE" fanctl --url tls://nats:4222 "${@:2}" status 2>&1 | tr -d '\r' || true
+}
+refused() { # refused WHAT PATTERN OUTPUT
+	local first
+	first=$(grep -m1 -iE "$2" <<<"$3" || true)
+	[[ -n $first ]] || { printf '%s\n' "$3" | sed 's/^/    /'; fail "$1: not refused as expected (/$2/)"; }
+	say "REFUSED: $1"
+	printf '    %s\n' "$(cut -c1-200 <<<"$first")"
+}
+say "ATTEMPT: fanctl over TLS that trusts the lab's CA but presents no certificate and no nkey"
+# --insecure-lab only lifts fanctl's own refusal to connect without an
+# identity, so that the server is the one to refuse.
+out=$(stranger "$FAN_CREDS/bus/ca/ca.pem:/stranger/ca.pem:ro" --insecure-lab --tls-ca /stranger/ca.pem)
+refused "no client certificate: the TLS handshake fails" 'tls error|certificate required|bad certificate' "$out"
+say "ATTEMPT: fanctl over TLS with a certificate the lab's CA issued (operator you) but no nkey"
+out=$(stranger "$FAN_CREDS/bus/hosts/you:/stranger:ro" --tls-ca /stranger/ca.pem \
+	--tls-cert /stranger/operator-cert.pem --tls-key /stranger/operator-key.pem)
+refused "a certificate is not an identity: the server wants the nkey" 'authorization violation' "$out"
+say "ATTEMPT: plaintext NATS from the host over the bridge: CONNECT and PING without TLS"
+exec 3<>/dev/tcp/203.0.113.2/4222 || fail "cannot reach 203.0.113.2:4222 from the host"
+info=''
+read -r -t 5 info <&3 || true
+printf 'CONNECT {"verbose":false,"pedantic":false}\r\nPING\r\n' >&3
+# cat ends at the server's FIN (0) or RST (1: the server closed with our
+# bytes unread); timeout's 124 means the connection was still open at 5 s.
+rc=0
+timeout 5 cat <&3 >"$tmp/plaintext.reply" 2>/dev/null || rc=$?
+closed=yes
+((rc != 124)) || closed=no
+exec 3<&-
+[[ $info == *'"tls_required":true'* ]] || fail "the server does not announce tls_required: ${info:0:200}"
+grep -aq PONG "$tmp/plaintext.reply" && fail "a plaintext client got a PONG"
+[[ $closed == yes ]] || fail "the server kept a plaintext connection open for 5 s"
+say "REFUSED: plaintext: INFO says tls_required; the clear-text CONNECT got no PONG and the server closed the connection ($( ((rc == 0)) && echo FIN || echo reset), $(wc -c <"$tmp/plaintext.reply") bytes sent back)"
+# The server's own account of the two fanctl attempts (it closes a
+# clear-text connection without a log line).
+nats_log() { dc logs --no-color nats 2>/dev/null | grep -E 'TLS handshake error|authentication error' || true; }
+logged() { [[ $(nats_log | wc -l) -ge 2 ]]; }
+wait_for 10 "both refusals in the nats server's log" logged
+say "the nats server's log of the refusals:"
+nats_log | cut -c1-200 | sed 's/^/    /'
 
 say "FAULT: n1's PBX dies (fan-pbxstandin ctl dead: AMI refuses, SIP port closed)"
 fault=$(date +%s%3N)

@@ -127,7 +127,7 @@ func (r *rawConn) expectSilence(d time.Duration) {
 // msg builds the expected wire form of one message from facts-file lines.
 func msg(lines ...string) string { return strings.Join(lines, "\r\n") + "\r\n\r\n" }
 
-// TestExchangesByteForByte replays each exchange of facts/asterisk22.md.
+// TestExchangesByteForByte replays each exchange of docs/asterisk22.md.
 func TestExchangesByteForByte(t *testing.T) {
 	p := startPeer(t, Config{})
 	p.DBPut("registrar", "contact/6001;@1af1a3a283d770c64aeed4e8e68d1b9f", `{"endpoint":"6001","uri":"sip:6001@127.0.0.1:5370"}`)

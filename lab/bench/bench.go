@@ -137,6 +137,7 @@ func (c *Client) FirstAnswerFrom(ctx context.Context, not string, within time.Du
 // Cycle is one measured failover.
 type Cycle struct {
 	From, To string
+	At       time.Time // the fault
 	Took     time.Duration
 }
 
@@ -159,7 +160,7 @@ func Run(ctx context.Context, sys System, c *Client, s Scenario, cycles int, pro
 			_ = sys.Restore(ctx, s, holder)
 			return out, fmt.Errorf("%s %s cycle %d: %w", sys.Name(), s, i, err)
 		}
-		cy := Cycle{From: holder, To: to, Took: at.Sub(fault)}
+		cy := Cycle{From: holder, To: to, At: fault, Took: at.Sub(fault)}
 		out = append(out, cy)
 		if progress != nil {
 			progress(cy)

@@ -45,6 +45,12 @@ type Fan struct {
 	// and the arbiter's lease onto the node about to crash just before a
 	// node-crash fault: the worst case, bounded by raft's election.
 	ForceLeaders bool
+	// LeadersOn, when set (and not ForceLeaders), names the servers fan
+	// keeps every raft leader on: a node-crash waits until they are all
+	// there, so that each cycle measures a crash with the leaders where fan
+	// puts them, not one that caught them still moving after the start or
+	// the previous cycle.
+	LeadersOn []string
 
 	nc *nats.Conn
 	js jetstream.JetStream
@@ -109,8 +115,8 @@ func (f *Fan) Restore(ctx context.Context, s Scenario, node string) error {
 	return fmt.Errorf("unknown scenario %q", s)
 }
 
-// Ready: the arbiter sees node healthy and on the bus again, and exactly one
-// other node holds the address.
+// Ready reports whether the arbiter sees node healthy and on the bus again,
+// and exactly one other node holds the address.
 func (f *Fan) Ready(ctx context.Context, node string) bool {
 	gs, err := f.St.Status(ctx)
 	if err != nil || len(gs) == 0 {
@@ -297,7 +303,8 @@ func (k *Keepalived) Restore(ctx context.Context, s Scenario, node string) error
 	return fmt.Errorf("unknown scenario %q", s)
 }
 
-// Ready: node's processes run and exactly one node holds the address.
+// Ready reports whether node's processes run and exactly one node holds the
+// address.
 func (k *Keepalived) Ready(ctx context.Context, node string) bool {
 	for _, name := range []string{"kamailio", "keepalived"} {
 		if p := k.procs[node+"/"+name]; p == nil || p.Exited() {
@@ -312,6 +319,23 @@ func (k *Keepalived) Close() {
 	for _, p := range k.procs {
 		_ = p.Stop()
 	}
+}
+
+// LogSizes maps each keepalived's log file to its size now, the offsets
+// from which MasterEntries counts a window.
+func (k *Keepalived) LogSizes() map[string]int64 {
+	out := map[string]int64{}
+	for name, p := range k.procs {
+		if !strings.HasSuffix(name, "/keepalived") {
+			continue
+		}
+		var size int64
+		if fi, err := os.Stat(p.LogPath); err == nil {
+			size = fi.Size()
+		}
+		out[p.LogPath] = size
+	}
+	return out
 }
 
 // Logs returns the tail of every process's log, for a failed run.
@@ -332,7 +356,7 @@ func (f *Fan) settle(ctx context.Context) error {
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		gs, err := leaders.List(ctx, js)
-		if err == nil && leaders.Settled(gs) {
+		if err == nil && leaders.Settled(gs) && (f.ForceLeaders || len(f.LeadersOn) == 0 || len(leaders.Off(gs, f.LeadersOn...)) == 0) {
 			return nil
 		}
 		if time.Now().After(deadline) {

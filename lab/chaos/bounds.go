@@ -69,6 +69,35 @@ const (
 // 250 ms). 6 + 1 + 2 + 0.25 = 9.25 s.
 const RoutePartitionBound = (routeMaxPingsOut+1)*routePingInterval + routeReconnectDelay + 2*consumerHeartbeat + resyncMargin
 
+// Inputs of the rejoin bound: nats-server's raft and the ipmover's cluster
+// check (services/ipmover/internal/busloss).
+const (
+	raftMaxElection   = 9 * time.Second // nats-server's maxElectionTimeoutDefault (server/raft.go)
+	clusterCheckEvery = time.Second     // busloss.DefaultClusterEvery; each check times out at half of it
+)
+
+// rejoinElection is what a PBX host's NATS server costs when it comes
+// back into the cluster (the colocated topology): while cut off, its raft
+// groups campaigned and raised their terms, and nats-server's raft, which
+// has no pre-vote, deposes the current leaders when it hears those terms.
+// JetStream then has no leader for the state bucket and the command
+// stream until one election round ends (at most the largest election
+// timeout, 9 s; a split vote takes another round, which no bound here
+// covers). Until then the node that held the address before the fault
+// cannot read who holds it now, nor receive its release; its cluster check
+// sees the leader at the next check (1 s, plus the 500 ms timeout), and its
+// re-sync then reads the held group through the leader and gives the
+// address up.
+const rejoinElection = raftMaxElection + clusterCheckEvery + clusterCheckEvery/2
+
+// RejoinBound replaces PartitionBound after a link cut of a PBX node whose
+// host runs one of the cluster's servers heals: 7 + 9 + 1.5 = 17.5 s.
+const RejoinBound = PartitionBound + rejoinElection
+
+// RouteRejoinBound replaces RoutePartitionBound in the colocated topology:
+// 9.25 + 10.5 = 19.75 s.
+const RouteRejoinBound = RoutePartitionBound + rejoinElection
+
 // Inputs of the outage bound: the lab's prober settings (lab/stack), the
 // arbiter's policy defaults (services/arbiter/internal/decide) and the
 // ipmover's claim settings in the lab config.

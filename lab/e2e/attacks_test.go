@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -15,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/lab/bench"
+	"github.com/fanpbx/fan/lab/leaders"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
@@ -136,47 +137,38 @@ func (a *attacker) try(ctx context.Context, op func(ctx context.Context) error) 
 
 var errRefusedByFan = errors.New("refused by fan")
 
-// TestAttacks runs the lab on the bus `fanctl nats-config` generates and
-// tries, with every identity in turn, the forgeries issue 13 lists; none
+// TestAttacks runs the colocated lab (three NATS servers) on the bus
+// `fanctl nats-config` generates and
+// tries, with every identity in turn, every forgery in its attacks table; none
 // may change who holds the address, shorten the audit trail or be recorded
 // as someone else. A genuine switchover and back by the operator then
 // proves the permissions still let fan work.
 func TestAttacks(t *testing.T) {
-	stack.RequireLab(t)
-	bin := stack.BinDirForTest(t)
 	began := time.Now()
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	l, err := netlab.Build(ctx, netlab.Spec{Logger: log})
+	// The production bus: three NATS servers (one beside each PBX node's
+	// services, one on the witness), every service under the permissions
+	// `fanctl nats-config` derives from pkg/events, TLS everywhere.
+	ctx, l, st, p := startLab(t, 4*time.Minute, stack.Options{SecureBus: true, Topology: stack.TopologyColocated,
+		LeaderPlacement: true, StandbyArbiters: true})
+	// Three servers electing their first leaders: the first holder is the
+	// node whose prober was heard healthy first. The attacks below assume
+	// n1 holds; the operator moves the address there if it is not.
+	c, err := bench.NewClient(l)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if err := l.Close(); err != nil {
-			t.Errorf("lab close: %v", err)
-		}
-	})
-	st, err := stack.Start(ctx, l, stack.Options{BinDir: bin, Log: log, SecureBus: true})
-	if st != nil {
-		t.Cleanup(func() {
-			if t.Failed() {
-				t.Log(st.Logs(300))
-			}
-			st.Stop()
-		})
-	}
+	first, err := c.Holder(ctx, 90*time.Second)
+	c.Close()
 	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := st.Pinger()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	if _, err := st.WaitAnswer(ctx, p, "n1", 30*time.Second); err != nil {
 		t.Fatalf("initial placement on the secure bus: %v", err)
+	}
+	if first != "n1" {
+		if out, err := st.Fanctl(ctx, "switchover", "--to", "n1", "--group", "pbx", "--reason", "attack test: start on n1"); err != nil {
+			t.Fatalf("fanctl switchover --to n1: %v\n%s", err, out)
+		}
+	}
+	if _, err := st.WaitAnswer(ctx, p, "n1", 30*time.Second); err != nil {
+		t.Fatalf("n1 holding on the secure bus: %v", err)
 	}
 	t.Logf("secure lab up with n1 holding in %v", time.Since(began).Round(time.Millisecond))
 
@@ -187,6 +179,13 @@ func TestAttacks(t *testing.T) {
 		t.Fatalf("admin: %v", err)
 	}
 	defer admin.nc.Close()
+	// The arbiter's steward works under the generated permissions: every
+	// raft leader ends up on the witness's server.
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	if _, err := leaders.WaitAllOn(wctx, admin.js, st.ServerName(stack.WitnessHost)); err != nil {
+		t.Fatalf("raft leaders under the generated permissions: %v", err)
+	}
+	wcancel()
 	trail := func() uint64 {
 		s, err := admin.js.Stream(ctx, events.EventsStream)
 		if err != nil {
@@ -284,6 +283,7 @@ func TestAttacks(t *testing.T) {
 		{"n2 ipmover", "n2", "ipmover"},
 		{"operator " + stack.LabOperator, stack.LabOperator, "operator"},
 		{"auditor " + stack.LabAuditor, stack.LabAuditor, "auditor"},
+		{"status page " + stack.LabViewer, stack.LabViewer, "viewer"},
 	}
 	long := strings.Repeat("x", 70000)
 	for _, id := range identities {

@@ -12,6 +12,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -41,6 +42,11 @@ func (g Group) String() string {
 // consumer on them, with their current leaders. Ephemeral consumers (an
 // ordered Watch) are left out: they are recreated, not elected.
 func List(ctx context.Context, js jetstream.JetStream) ([]Group, error) {
+	// A JetStream API request whose reply is lost (its server restarted, the
+	// meta leader moved) waits out its context: bound each listing so that a
+	// caller polling until a deadline polls again instead of waiting past it.
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
 	var out []Group
 	streams := js.ListStreams(ctx)
 	for info := range streams.Info() {
@@ -68,6 +74,9 @@ func List(ctx context.Context, js jetstream.JetStream) ([]Group, error) {
 	}
 	return out, nil
 }
+
+// listTimeout bounds one listing; on a healthy cluster it takes milliseconds.
+const listTimeout = 5 * time.Second
 
 func leaderOf(c *jetstream.ClusterInfo) string {
 	if c == nil {
@@ -189,12 +198,7 @@ func MoveAll(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, server 
 func WaitAllOn(ctx context.Context, js jetstream.JetStream, servers ...string) ([]Group, error) {
 	for {
 		gs, err := List(ctx, js)
-		var off []Group
-		for _, g := range gs {
-			if !contains(servers, g.Leader) {
-				off = append(off, g)
-			}
-		}
+		off := Off(gs, servers...)
 		if err == nil && len(gs) > 0 && len(off) == 0 {
 			return gs, nil
 		}
@@ -206,11 +210,11 @@ func WaitAllOn(ctx context.Context, js jetstream.JetStream, servers ...string) (
 	}
 }
 
-// Off returns the groups not led by server.
-func Off(gs []Group, server string) []Group {
+// Off returns the groups not led by one of servers.
+func Off(gs []Group, servers ...string) []Group {
 	var out []Group
 	for _, g := range gs {
-		if g.Leader != server {
+		if !slices.Contains(servers, g.Leader) {
 			out = append(out, g)
 		}
 	}
@@ -239,15 +243,6 @@ func Describe(gs []Group) string {
 		parts = append(parts, g.String()+"@"+l)
 	}
 	return strings.Join(parts, ", ")
-}
-
-func contains(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // Lease is the arbiter lease's last record.

@@ -24,6 +24,20 @@ func (l *Lab) Do(host string, fn func() error) error {
 	if err != nil {
 		return err
 	}
+	target, err := netns.GetFromPath(filepath.Join(netnsDir, h.NS))
+	if err != nil {
+		return fmt.Errorf("netlab do on %s: open netns %s: %w", host, h.NS, err)
+	}
+	defer target.Close()
+	// fn's own error comes back as it is.
+	return InNamespace(target, fn)
+}
+
+// InNamespace runs fn on an OS thread switched into the namespace target and
+// waits for it, as Do does for a lab's host; tests that build namespaces of
+// their own (netlabtest) enter them the same way. A panic in fn is raised
+// again in the caller.
+func InNamespace(target netns.NsHandle, fn func() error) error {
 	type result struct {
 		err      error
 		panicked bool
@@ -35,20 +49,13 @@ func (l *Lab) Do(host string, fn func() error) error {
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
-			res <- result{err: fmt.Errorf("netlab do on %s: current netns: %w", host, err)}
+			res <- result{err: fmt.Errorf("netlab: current netns: %w", err)}
 			return
 		}
 		defer orig.Close()
-		target, err := netns.GetFromPath(filepath.Join(netnsDir, h.NS))
-		if err != nil {
-			runtime.UnlockOSThread()
-			res <- result{err: fmt.Errorf("netlab do on %s: open netns %s: %w", host, h.NS, err)}
-			return
-		}
-		defer target.Close()
 		if err := netns.Set(target); err != nil {
 			runtime.UnlockOSThread()
-			res <- result{err: fmt.Errorf("netlab do on %s: setns %s: %w", host, h.NS, err)}
+			res <- result{err: fmt.Errorf("netlab: enter netns: %w", err)}
 			return
 		}
 		var r result
@@ -62,7 +69,7 @@ func (l *Lab) Do(host string, fn func() error) error {
 		}()
 		if err := netns.Set(orig); err != nil {
 			// Returning while still locked makes the runtime terminate this thread.
-			res <- result{err: fmt.Errorf("netlab do on %s: restore netns: %w (fn: %v)", host, err, r.err)}
+			res <- result{err: fmt.Errorf("netlab: restore netns: %w (fn: %v)", err, r.err)}
 			return
 		}
 		runtime.UnlockOSThread()

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +39,30 @@ func (l *Lab) KillAll(host string) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	return killInNS(h.NS, 3*time.Second)
+	n, err := killInNS(h.NS, 3*time.Second)
+	if err != nil {
+		return n, err
+	}
+	// Gone from the namespace is not yet reaped: a Proc of the lab's reads
+	// as running until its waiter has collected it, and a caller that
+	// restarts what is not running (Stack.StartNode, right after a fast
+	// failover) would otherwise skip a process it just killed.
+	l.mu.Lock()
+	procs := slices.Clone(l.procs)
+	l.mu.Unlock()
+	reaped := time.NewTimer(3 * time.Second)
+	defer reaped.Stop()
+	for _, p := range procs {
+		if p.Host != host {
+			continue
+		}
+		select {
+		case <-p.Done():
+		case <-reaped.C:
+			return n, fmt.Errorf("netlab %s: kill all on %s: %s not reaped within 3s", l.prefix, host, p.Name)
+		}
+	}
+	return n, nil
 }
 
 // PIDs lists the processes whose network namespace is host's.

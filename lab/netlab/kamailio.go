@@ -10,34 +10,9 @@ import (
 	"regexp"
 	"strings"
 	"time"
-)
 
-// kamailioCfg is the minimal node config from facts/asterisk22.md: OPTIONS answered 200
-// with a header naming the node (so a client can tell who answered), REGISTER kept in
-// memory, everything else 404.
-const kamailioCfg = `#!KAMAILIO
-children=2
-auto_aliases=no
-%s
-loadmodule "kex.so"
-loadmodule "corex.so"
-loadmodule "tm.so"
-loadmodule "sl.so"
-loadmodule "pv.so"
-loadmodule "maxfwd.so"
-loadmodule "siputils.so"
-loadmodule "textops.so"
-loadmodule "xlog.so"
-loadmodule "usrloc.so"
-loadmodule "registrar.so"
-modparam("usrloc","db_mode",0)
-request_route {
-  if (!mf_process_maxfwd_header("10")) { sl_send_reply("483","Too Many Hops"); exit; }
-  if (is_method("OPTIONS")) { append_to_reply("Server-Node: %s\r\n"); sl_send_reply("200","OK"); exit; }
-  if (is_method("REGISTER")) { if (!save("location")) sl_reply_error(); exit; }
-  sl_send_reply("404","Not here"); exit;
-}
-`
+	"github.com/fanpbx/fan/lab/kamailio"
+)
 
 // SIPPort is where StartKamailio listens.
 const SIPPort = 5060
@@ -96,7 +71,7 @@ func (l *Lab) startKamailio(host, nodeName string, listenIPs []string, tcp bool)
 		return nil, fmt.Errorf("netlab kamailio on %s: %w", host, err)
 	}
 	cfg := filepath.Join(dir, "kamailio.cfg")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, kamailioCfg, strings.TrimSuffix(listen.String(), "\n"), nodeName), 0o644); err != nil {
+	if err := os.WriteFile(cfg, []byte(kamailio.NodeConfig(strings.TrimSuffix(listen.String(), "\n"), nodeName)), 0o644); err != nil {
 		return nil, fmt.Errorf("netlab kamailio on %s: write config: %w", host, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

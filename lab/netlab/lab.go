@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/netip"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -402,6 +403,20 @@ func (l *Lab) Prefix() string { return l.prefix }
 // Dir is the lab's temp dir (logs, configs); it is removed by Close.
 func (l *Lab) Dir() string { return l.dir }
 
+// CopyTo copies the lab's directory (every process's log, the services'
+// configurations) to dir, which must not exist yet, for a look after the
+// lab is gone.
+func (l *Lab) CopyTo(dir string) error {
+	// cp -a copies into dir's parent only if that exists.
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return fmt.Errorf("copy lab %s: %w", l.dir, err)
+	}
+	if out, err := exec.Command("cp", "-a", l.dir, dir).CombinedOutput(); err != nil {
+		return fmt.Errorf("copy lab %s to %s: %w: %s", l.dir, dir, err, out)
+	}
+	return nil
+}
+
 // LANNS is the namespace that holds the bridge.
 func (l *Lab) LANNS() string { return l.lanNS }
 
@@ -512,6 +527,11 @@ func (l *Lab) teardown() error {
 		}
 	}
 	if l.dir != "" {
+		if keep := os.Getenv(KeepEnv); keep != "" {
+			if err := l.CopyTo(filepath.Join(keep, filepath.Base(l.dir))); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if err := os.RemoveAll(l.dir); err != nil {
 			errs = append(errs, fmt.Errorf("remove %s: %w", l.dir, err))
 		}
@@ -529,6 +549,12 @@ func (l *Lab) teardown() error {
 	l.log.Info("netlab: closed", "took", time.Since(start), "err", err)
 	return err
 }
+
+// KeepEnv names a directory into which Close copies the lab's directory
+// (every process's log, the services' configurations; one subdirectory
+// per lab, CopyTo) before it removes it: a failed test or chaos seed can
+// then be read after the fact.
+const KeepEnv = "FAN_LAB_KEEP"
 
 // removeNS kills whatever still runs in ns (a namespace with live members outlives its
 // name) and deletes it. A namespace that is already gone is not an error.

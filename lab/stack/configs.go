@@ -132,7 +132,10 @@ bus:
 {{- if .LeaderServers}}
   leader_servers: [{{range $i, $n := .LeaderServers}}{{if $i}}, {{end}}{{$n}}{{end}}]
 {{- end}}
-{{- if .SystemUser}}
+{{- if .SystemSeed}}
+  system:
+    nkey_seed: {{.SystemSeed}}
+{{- else if .SystemUser}}
   system:
     user: {{.SystemUser}}
     password: {{.SystemPassword}}

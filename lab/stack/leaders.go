@@ -1,15 +1,19 @@
 package stack
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"time"
 
 	"github.com/fanpbx/fan/lab/leaders"
+	"github.com/fanpbx/fan/pkg/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nkeys"
 )
 
 // nsDialer dials from inside a lab host's namespace, for every connection
@@ -32,8 +36,60 @@ func (d nsDialer) Dial(network, address string) (net.Conn, error) {
 // Connect opens a NATS connection from host's namespace to the servers in
 // the order host's services use; the caller closes it.
 func (s *Stack) Connect(host string) (*nats.Conn, jetstream.JetStream, error) {
-	nc, err := nats.Connect(s.NATSURLFor(host), nats.SetCustomDialer(nsDialer{s, host}),
+	return s.connect(host, s.NATSURLFor(host))
+}
+
+// ConnectAs is Connect with the bus identity of host's service svc
+// (arbiter, prober, ...): its nkey and certificate on a SecureBus lab, where
+// a client without one is refused; the same as Connect on a plain bus. A
+// test uses it to do what that service's credentials allow, such as
+// corrupting the record the service keeps.
+func (s *Stack) ConnectAs(host, svc string) (*nats.Conn, jetstream.JetStream, error) {
+	auth := s.busAuth(host, svc)
+	url, _ := auth["NATS"].(string)
+	if url == "" {
+		return s.Connect(host)
+	}
+	var opts []nats.Option
+	if seed, _ := auth["BusSeed"].(string); seed != "" {
+		o, err := nats.NkeyOptionFromSeed(seed)
+		if err != nil {
+			return nil, nil, fmt.Errorf("nats from %s as %s: %w", host, svc, err)
+		}
+		pub, err := seedPublicKey(seed)
+		if err != nil {
+			return nil, nil, fmt.Errorf("nats from %s as %s: %w", host, svc, err)
+		}
+		// Replies come only to the identity's own inbox (its permissions).
+		opts = append(opts, o, nats.CustomInboxPrefix(events.InboxPrefix(pub)))
+	}
+	if ca, _ := auth["BusCA"].(string); ca != "" {
+		opts = append(opts, nats.RootCAs(ca))
+	}
+	if cert, _ := auth["BusCert"].(string); cert != "" {
+		key, _ := auth["BusKey"].(string)
+		opts = append(opts, nats.ClientCert(cert, key))
+	}
+	return s.connect(host, url, opts...)
+}
+
+// seedPublicKey reads an nkey seed file and returns its public key.
+func seedPublicKey(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", err
+	}
+	kp, err := nkeys.FromSeed(bytes.TrimSpace(b))
+	if err != nil {
+		return "", err
+	}
+	return kp.PublicKey()
+}
+
+func (s *Stack) connect(host, url string, opts ...nats.Option) (*nats.Conn, jetstream.JetStream, error) {
+	opts = append(opts, nats.SetCustomDialer(nsDialer{s, host}),
 		nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond), nats.Name("fan-lab-"+host))
+	nc, err := nats.Connect(url, opts...)
 	if err != nil {
 		return nil, nil, fmt.Errorf("nats from %s: %w", host, err)
 	}

@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -13,10 +14,12 @@ import (
 )
 
 // Identities the secure lab issues besides the services' own: the operator
-// and auditor people, and the admin that provisions the streams.
+// and auditor people, the status page (a viewer), and the admin that
+// provisions the streams.
 const (
 	LabOperator = "alice"
 	LabAuditor  = "audit"
+	LabViewer   = "noc"
 	LabAdmin    = "admin"
 )
 
@@ -33,19 +36,36 @@ func (s *Stack) busDir() string { return filepath.Join(s.dir, "bus") }
 func (s *Stack) Bundle(name string) string { return filepath.Join(s.busDir(), "hosts", name) }
 
 // generateBus writes a cluster file naming the lab's hosts and runs
-// `fanctl nats-config` on it, as an installer would.
+// `fanctl nats-config` on it, as an installer would: one NATS server on ctl,
+// or the colocated shape's three (one beside each PBX node's services, one
+// on the witness, with bus.leader_servers naming the witness's when the
+// stack places leaders).
 func (s *Stack) generateBus(ctx context.Context) error {
-	ctl := s.hostAddr(netlab.ControlHost)
 	var b strings.Builder
-	fmt.Fprintf(&b, "cluster: %s\nnats:\n  - name: %s\n    host: %q\n    ips: [%q]\n    client_port: %d\n    monitor: \"-\"\n",
-		s.opts.Cluster, s.ServerName(netlab.ControlHost), ctl, ctl, natsPort)
+	fmt.Fprintf(&b, "cluster: %s\nnats:\n", s.opts.Cluster)
+	for _, h := range s.NATSHosts() {
+		addr := s.hostAddr(h)
+		fmt.Fprintf(&b, "  - name: %s\n    host: %q\n    ips: [%q]\n    client_port: %d\n    cluster_port: %d\n    monitor: \"-\"\n",
+			s.ServerName(h), addr, addr, natsPort, routePort)
+		if s.opts.Topology != TopologySingle {
+			fmt.Fprintf(&b, "    fan_host: %s\n", h)
+		}
+	}
+	if s.opts.LeaderPlacement && s.opts.Topology == TopologyColocated {
+		fmt.Fprintf(&b, "leader_servers: [%s]\n", s.ServerName(WitnessHost))
+	}
 	b.WriteString("nodes:\n")
 	for _, n := range s.nodeNames() {
 		fmt.Fprintf(&b, "  - name: %s\n", n)
+		if slices.Contains(s.ArbiterHosts(), n) {
+			b.WriteString("    services: [prober, ipmover, replicator, arbiter]\n")
+		}
 	}
-	fmt.Fprintf(&b, "control:\n  - name: %s\noperators: [%s]\nauditors: [%s]\n", netlab.ControlHost, LabOperator, LabAuditor)
-	fmt.Fprintf(&b, "nats_dir: %q\nstore_dir: %q\nfan_dir: %q\n",
-		s.Bundle(s.ServerName(netlab.ControlHost)), filepath.Join(s.dir, "nats"), bundleMount)
+	fmt.Fprintf(&b, "control:\n  - name: %s\noperators: [%s]\nauditors: [%s]\nviewers: [%s]\n", netlab.ControlHost, LabOperator, LabAuditor, LabViewer)
+	// Each server's and host's files stay in its own bundle (installed
+	// rewrites bundleMount to it); fan-nats's -store gives each server its
+	// own store.
+	fmt.Fprintf(&b, "nats_dir: %q\nstore_dir: %q\nfan_dir: %q\n", bundleMount, filepath.Join(s.dir, "nats"), bundleMount)
 	cf := filepath.Join(s.dir, "bus-cluster.yaml")
 	if err := os.WriteFile(cf, []byte(b.String()), 0o644); err != nil {
 		return err
@@ -55,8 +75,13 @@ func (s *Stack) generateBus(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("fanctl nats-config: %w: %s", err, out)
 	}
-	for _, p := range []string{LabOperator, LabAuditor, LabAdmin} {
+	for _, p := range []string{LabOperator, LabAuditor, LabViewer, LabAdmin} {
 		if _, err := s.installed(p, "fanctl.yaml"); err != nil {
+			return err
+		}
+	}
+	for _, h := range s.NATSHosts() {
+		if _, err := s.installed(s.ServerName(h), "nats-server.conf"); err != nil {
 			return err
 		}
 	}
@@ -79,7 +104,7 @@ func (s *Stack) installed(name, file string) (string, error) {
 }
 
 // FanctlConfig is the fanctl --config file of a person (LabOperator,
-// LabAuditor, LabAdmin) in a SecureBus lab.
+// LabAuditor, LabAdmin) or the status page (LabViewer) in a SecureBus lab.
 func (s *Stack) FanctlConfig(person string) string {
 	return filepath.Join(s.dir, "fanctl-"+person+".yaml")
 }
@@ -87,7 +112,7 @@ func (s *Stack) FanctlConfig(person string) string {
 // natsSecurityArgs are fan-nats's authentication and TLS arguments on host.
 func (s *Stack) natsSecurityArgs(host string) []string {
 	if s.opts.SecureBus {
-		return []string{"-server-config", filepath.Join(s.Bundle(s.ServerName(host)), "nats-server.conf")}
+		return []string{"-server-config", filepath.Join(s.dir, s.ServerName(host)+"-nats-server.conf")}
 	}
 	return []string{"-insecure-lab"}
 }
@@ -149,7 +174,10 @@ func (s *Stack) busAuth(host, svc string) map[string]any {
 		if uq, err := strconv.Unquote(strings.TrimSpace(v)); err == nil {
 			v = uq
 		}
-		if d, ok := keys[k]; ok && !(inSystem && k == "nkey_seed") {
+		switch d, ok := keys[k]; {
+		case inSystem && k == "nkey_seed":
+			m["SystemSeed"] = strings.TrimSpace(v)
+		case ok:
 			m[d] = strings.TrimSpace(v)
 		}
 	}

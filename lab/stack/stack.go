@@ -72,7 +72,9 @@ type Options struct {
 	// writes the CA, certificates, nkeys and the server's configuration into
 	// the lab's dir, fan-nats runs it, the admin provisions the streams and
 	// every service and fanctl connect with their own identity (operator
-	// LabOperator, auditor LabAuditor). Single topology only.
+	// LabOperator, auditor LabAuditor). Single and colocated topologies;
+	// with three servers the routes are mutual TLS too, and the arbiters'
+	// bus.system is the generated system-account identity.
 	SecureBus bool
 }
 
@@ -125,6 +127,7 @@ type Stack struct {
 	Lab   *netlab.Lab
 	opts  Options
 	procs map[string]*netlab.Proc // "<host>/<name>"
+	argv  map[string][]string     // "<host>/<name>": how it was last started
 	dir   string
 	data  map[string]any // template values shared by every config
 }
@@ -138,7 +141,7 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 			return nil, fmt.Errorf("binary %s: %w (run make build)", b, err)
 		}
 	}
-	s := &Stack{Lab: l, opts: o, procs: map[string]*netlab.Proc{}, dir: filepath.Join(l.Dir(), "fan")}
+	s := &Stack{Lab: l, opts: o, procs: map[string]*netlab.Proc{}, argv: map[string][]string{}, dir: filepath.Join(l.Dir(), "fan")}
 	if err := os.MkdirAll(s.dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -156,8 +159,8 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		}
 	}
 	if o.SecureBus {
-		if o.Topology != TopologySingle {
-			return nil, fmt.Errorf("secure bus: topology %s not supported (single only)", o.Topology)
+		if o.Topology == TopologyDedicated {
+			return nil, fmt.Errorf("secure bus: topology %s not supported (single or colocated)", o.Topology)
 		}
 		if err := s.generateBus(ctx); err != nil {
 			return nil, err
@@ -214,23 +217,32 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 	return s, nil
 }
 
+// LeaderServers are the NATS servers the arbiters' bus.leader_servers
+// names: the witness's in the colocated topology, every server in the
+// dedicated one; nil without LeaderPlacement or with one server.
+func (s *Stack) LeaderServers() []string {
+	if !s.opts.LeaderPlacement || s.opts.Topology == TopologySingle {
+		return nil
+	}
+	if s.opts.Topology == TopologyColocated {
+		return []string{s.ServerName(WitnessHost)}
+	}
+	var leaders []string
+	for _, h := range s.NATSHosts() {
+		leaders = append(leaders, s.ServerName(h))
+	}
+	return leaders
+}
+
 // hostData is the template data of host's configs.
 func (s *Stack) hostData(host string) map[string]any {
 	d := clone(s.data)
 	d["Node"] = host
 	d["NATS"] = s.NATSURLFor(host)
-	if s.opts.LeaderPlacement && s.opts.Topology != TopologySingle {
-		var leaders []string
-		if s.opts.Topology == TopologyColocated {
-			leaders = []string{s.ServerName(WitnessHost)}
-		} else {
-			for _, h := range s.NATSHosts() {
-				leaders = append(leaders, s.ServerName(h))
-			}
-		}
+	if leaders := s.LeaderServers(); leaders != nil {
 		d["LeaderServers"] = leaders
 	}
-	if s.opts.LeaderPlacement && s.opts.Topology != TopologySingle {
+	if s.opts.LeaderPlacement && s.opts.Topology != TopologySingle && !s.opts.SecureBus {
 		d["SystemUser"], d["SystemPassword"] = labSystemUser, labSystemPassword
 	}
 	if s.opts.StandbyArbiters && s.opts.Topology == TopologyColocated {
@@ -325,6 +337,27 @@ func (s *Stack) ThawPBX(ctx context.Context, node string) error {
 	return s.StartNode(ctx, node)
 }
 
+// Cluster is the lab cluster's name.
+func (s *Stack) Cluster() string { return s.opts.Cluster }
+
+// arbiterPresenceGrace and arbiterPresenceMisses are the arbiter's
+// defaults (policy.presence_grace, presence_misses), for a stack that
+// leaves them unset.
+const (
+	arbiterPresenceGrace  = 50 * time.Millisecond
+	arbiterPresenceMisses = 3
+)
+
+// SilenceLimit is how long the arbiter waits after a node's last presence
+// beacon before it counts the node silent, as this stack configured it.
+func (s *Stack) SilenceLimit() time.Duration {
+	grace := s.opts.PresenceGrace
+	if grace == 0 {
+		grace = arbiterPresenceGrace
+	}
+	return arbiterPresenceMisses*s.opts.PresenceInterval + grace
+}
+
 // durOrEmpty renders an optional duration for a template: empty when unset.
 func durOrEmpty(d time.Duration) string {
 	if d == 0 {
@@ -343,14 +376,46 @@ func clone(m map[string]any) map[string]any {
 
 func (s *Stack) amiControl(node string) string { return filepath.Join(s.dir, node+"-ami.sock") }
 
+// SetCalls makes node's Asterisk (its AMI peer) report this many active
+// channels and calls, as `core show channels count` would with calls up.
+func (s *Stack) SetCalls(ctx context.Context, node string, channels, calls int) error {
+	if out, err := exec.CommandContext(ctx, filepath.Join(s.opts.BinDir, "fan-amipeer"), "ctl", "-control", s.amiControl(node),
+		"channels", strconv.Itoa(channels), strconv.Itoa(calls)).CombinedOutput(); err != nil {
+		return fmt.Errorf("set calls on %s: %w: %s", node, err, out)
+	}
+	return nil
+}
+
 func (s *Stack) start(host, name string, args ...string) error {
-	argv := append([]string{filepath.Join(s.opts.BinDir, name)}, args...)
+	return s.run(host, name, append([]string{filepath.Join(s.opts.BinDir, name)}, args...))
+}
+
+// run starts argv as the process name on host and remembers how (Restart).
+func (s *Stack) run(host, name string, argv []string) error {
 	p, err := s.Lab.Start(host, name, argv, []string{"FAN_LOG_LEVEL=debug"})
 	if err != nil {
 		return fmt.Errorf("start %s on %s: %w", name, host, err)
 	}
 	s.procs[host+"/"+name] = p
+	s.argv[host+"/"+name] = argv
 	return nil
+}
+
+// Restart stops one process the stack started (SIGTERM, as `systemctl
+// restart` does) and starts it again with the same arguments, so it reads
+// its configuration file as the file is now. A test that edits a service's
+// file the way an operator would restarts it with this: RestartService and
+// StartNode write the file anew from the lab's template.
+func (s *Stack) Restart(host, name string) error {
+	k := host + "/" + name
+	p, argv := s.procs[k], s.argv[k]
+	if p == nil || argv == nil {
+		return fmt.Errorf("restart %s on %s: not started by this stack", name, host)
+	}
+	if err := p.Stop(); err != nil {
+		return fmt.Errorf("restart %s on %s: stop: %w", name, host, err)
+	}
+	return s.run(host, name, argv)
 }
 
 // Proc returns a started process by host and binary name.
@@ -400,8 +465,25 @@ func (s *Stack) writeConfig(host, svc string, data map[string]any) (string, erro
 	if err := t.ExecuteTemplate(&buf, svc, data); err != nil {
 		return "", fmt.Errorf("config %s: %w", svc, err)
 	}
-	p := filepath.Join(s.dir, host+"-"+svc+".yaml")
+	p := s.ConfigPath(host, svc)
 	return p, os.WriteFile(p, buf.Bytes(), 0o644)
+}
+
+// ConfigPath is where the configuration of svc (arbiter, prober, ...) on
+// host is written, for a test that reads it as an operator would (fanctl
+// replay --arbiter-config).
+func (s *Stack) ConfigPath(host, svc string) string {
+	return filepath.Join(s.dir, host+"-"+svc+".yaml")
+}
+
+// ReplicatorTree is the directory of tree (asterisk-etc, voicemail) on
+// node, as its replicator's configuration names it.
+func (s *Stack) ReplicatorTree(node, tree string) string {
+	dir := tree
+	if tree == "asterisk-etc" {
+		dir = "etc-asterisk" // the replicator template's directory for it
+	}
+	return filepath.Join(s.dir, node+"-replicator", dir)
 }
 
 // Answer is one SIP OPTIONS answered through the floating IP.
@@ -479,6 +561,16 @@ func (s *Stack) Events(ctx context.Context) ([]Event, error) {
 	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "events", "--since", "all", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("fanctl events: %w", err)
+	}
+	return ParseEvents(out)
+}
+
+// LiveEvents reads the live stream (heartbeats, probe results) through
+// fanctl on the control host.
+func (s *Stack) LiveEvents(ctx context.Context) ([]Event, error) {
+	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "events", "--live", "--since", "all", "--json")
+	if err != nil {
+		return nil, fmt.Errorf("fanctl events --live: %w", err)
 	}
 	return ParseEvents(out)
 }

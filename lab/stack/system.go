@@ -39,7 +39,7 @@ func (s *Stack) writeAccounts() error {
 // accountsArgs are fan-nats's arguments for the accounts file: clustered
 // topologies only, as a single server has no raft leader to move.
 func (s *Stack) accountsArgs() []string {
-	if s.opts.Topology == TopologySingle {
+	if s.opts.Topology == TopologySingle || s.opts.SecureBus {
 		return nil
 	}
 	return []string{"-server-config", filepath.Join(s.dir, accountsFile)}

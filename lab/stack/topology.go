@@ -170,6 +170,11 @@ func (s *Stack) natsArgs(host string) []string {
 		args[3] = filepath.Join(s.dir, "nats")
 		return args
 	}
+	if s.opts.SecureBus {
+		// The generated server configuration has the cluster block: its
+		// routes, their mutual TLS and their ping timing.
+		return args
+	}
 	var routes []string
 	for _, h := range s.NATSHosts() {
 		routes = append(routes, s.hostAddr(h)+":"+strconv.Itoa(routePort))

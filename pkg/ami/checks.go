@@ -21,7 +21,8 @@ type ChannelCounts struct {
 }
 
 // CoreShowChannelsCount runs `core show channels count`, the check that
-// proves the core answers (FAN2's seed used it). Healthy only when the
+// proves the core answers: only a running core can count its channels, and
+// a deadlocked one accepts the connection but never replies. Healthy only when the
 // response is Success and all three output lines parse: an Error is
 // ErrUnhealthy (*ActionError), even though it says "Command output follows";
 // a Success without the expected lines is ErrProtocol.

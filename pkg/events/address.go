@@ -89,7 +89,7 @@ func (c AddressConflict) Validate() error {
 	if c.DetectedAt.IsZero() {
 		return fmt.Errorf("%w: detected_at", ErrMissingField)
 	}
-	return nil
+	return textIn("reason", c.Reason, MaxTextLen)
 }
 
 // CorrectionKind says what an executor changed on its own.
@@ -146,7 +146,7 @@ func (c AddressCorrection) Validate() error {
 	if c.At.IsZero() {
 		return fmt.Errorf("%w: at", ErrMissingField)
 	}
-	return nil
+	return textIn("error", c.Error, MaxTextLen)
 }
 
 // AddressConflictSubject carries one node's executor's conflict reports.

@@ -62,6 +62,14 @@ func (w DispatcherWeights) Validate() error {
 	if w.Reason == "" {
 		return fmt.Errorf("%w: reason", ErrMissingField)
 	}
+	if err := firstErr(textIn("reason", w.Reason, MaxTextLen), listIn("weights", len(w.Weights), MaxListLen), listIn("loads", len(w.Loads), MaxListLen)); err != nil {
+		return err
+	}
+	for n, l := range w.Loads {
+		if err := firstErr(floatIn("loads["+n+"].cpu_percent", l.CPUPercent, 0, 100), floatIn("loads["+n+"].mem_free_share", l.MemFreeShare, 0, 1)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 

@@ -87,7 +87,9 @@ func CausedByID(causationID, correlationID string) Option {
 // WithEpoch stamps the fencing epoch (the arbiter leader's term).
 func WithEpoch(epoch uint64) Option { return func(e *Envelope) { e.Epoch = epoch } }
 
-// At sets the event time; tests and replays use it, services let New use the clock.
+// At sets the event time; tests use it, and so does the arbiter's decision
+// core, so that a decision is stamped with the core's clock (a replay feeds
+// it the same). Other services let New use the clock.
 func At(t time.Time) Option { return func(e *Envelope) { e.Time = t } }
 
 // WithID fixes the envelope id; golden tests use it, services never do.

@@ -45,7 +45,8 @@ func init() {
 			Checks: map[string]CheckState{"pbx": {TargetNode: "n1", Role: RoleSelf, Health: HealthUp, Since: goldenTime}}},
 		TypeArbiterDecision: ArbiterDecision{Group: "pbx", Action: ActionFailover, From: "n1", To: "n2",
 			Reason: "holder n1 down (pbx), n2 healthy", CausedBy: []string{"0193a1b2-0000-7000-8000-000000000001"},
-			Commands: []string{"0193a1b2-0000-7000-8000-000000000002"}},
+			Commands: []string{"0193a1b2-0000-7000-8000-000000000002"},
+			Trigger:  TriggerEvent, Input: "0193a1b2-0000-7000-8000-000000000001"},
 		TypeClaimIP: ClaimIP{Group: "pbx", Node: "n2", Addresses: []string{"198.51.100.10/24"}, NotAfter: goldenTime.Add(10 * time.Second),
 			PreviousHolder: "n1", PreviousHolderFenced: true, AfterReleases: []string{"0193a1b2-0000-7000-8000-000000000003"}},
 		TypeReleaseIP: ReleaseIP{Group: "pbx", Node: "n1", Addresses: []string{"198.51.100.10/24"}, NotAfter: goldenTime.Add(10 * time.Second),
@@ -154,9 +155,9 @@ func TestNewAssignsV7AndLinksCauses(t *testing.T) {
 func TestSubjectsFollowPayload(t *testing.T) {
 	s := samples()
 	cases := map[Type]string{
-		TypeProbeResult:       "fan.evt.lab.probe.ctl1.result",
+		TypeProbeResult:       "fan.state.lab.probe.ctl1.result",
 		TypeHealthTransition:  "fan.evt.lab.probe.ctl1.health",
-		TypeNodeHeartbeat:     "fan.evt.lab.node.n1.heartbeat",
+		TypeNodeHeartbeat:     "fan.state.lab.node.n1.heartbeat",
 		TypeArbiterDecision:   "fan.evt.lab.arbiter.pbx.decision",
 		TypeClaimIP:           "fan.cmd.lab.n2.claim",
 		TypeReleaseIP:         "fan.cmd.lab.n1.release",

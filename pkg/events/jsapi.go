@@ -44,11 +44,24 @@ func JSConsumerLeaderElectedAdvisory(stream, consumer string) string {
 // meta group elects a leader.
 const JSMetaLeaderElectedAdvisory = jsAdvisoryPrefix + ".DOMAIN.LEADER_ELECTED"
 
+// JSStreamMsgGetSubject reads one message of a stream through its raft
+// leader. A direct get (what a KV Get sends) may be answered by any
+// replica, a lagging one too: a server just back from a partition answers
+// with what it had before it.
+func JSStreamMsgGetSubject(stream string) string {
+	return jsAPIPrefix + ".STREAM.MSG.GET." + stream
+}
+
 // KVStreamName is the stream that backs a key-value bucket.
 func KVStreamName(bucket string) string { return "KV_" + bucket }
 
 // ObjectStreamName is the stream that backs an object store.
 func ObjectStreamName(bucket string) string { return "OBJ_" + bucket }
+
+// ObjectMetaSubjects matches the records an object store keeps of its
+// objects: one subject per object name, whose newest message is the
+// object's description (deleted set once it is removed).
+func ObjectMetaSubjects(bucket string) string { return "$O." + bucket + ".M.>" }
 
 // LedStreams are fan's streams whose raft leaders (with their durable
 // consumers') the arbiter keeps on bus.leader_servers: every stream fan
@@ -56,6 +69,6 @@ func ObjectStreamName(bucket string) string { return "OBJ_" + bucket }
 // included. A write to any of them stalls while its leader's host is down
 // and an election runs.
 func LedStreams() []string {
-	return []string{CommandsStream, EventsStream, KVStreamName(StateBucket),
+	return []string{CommandsStream, EventsStream, LiveStream, KVStreamName(StateBucket),
 		ObjectStreamName(ReplBlobBucket), ObjectStreamName(ReplManifestBucket)}
 }

@@ -3,6 +3,7 @@ package events
 import (
 	"fmt"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 )
@@ -71,12 +72,24 @@ type OperatorRequest struct {
 	// Comment is free text the operator adds (fanctl --as), recorded as a
 	// comment and never as who asked.
 	Comment string `json:"comment,omitempty"`
+	// Drain is a planned move's policy (switchover, node standby): empty
+	// is DrainWait.
+	Drain DrainMode `json:"drain,omitempty"`
+	// WithinMS bounds the wait for the holder to drain; 0 takes the
+	// group's planned.drain_within.
+	WithinMS int64 `json:"within_ms,omitempty"`
+	// Cancel, on a switchover, cancels the group's waiting planned move
+	// instead of asking for one; Node may then be empty.
+	Cancel bool `json:"cancel,omitempty"`
 }
 
 // Validate checks the request's shape and bounds; whether it can be done is
 // the arbiter's call.
 func (r OperatorRequest) Validate() error {
 	if err := r.validateShape(); err != nil {
+		return err
+	}
+	if err := r.validateDrain(); err != nil {
 		return err
 	}
 	if n := utf8.RuneCountInString(r.Reason); n > MaxReasonChars {
@@ -113,6 +126,9 @@ func (r OperatorRequest) validateShape() error {
 	}
 	switch r.Verb {
 	case OpSwitchover, OpNodeStandby, OpNodeActive:
+		if r.Verb == OpSwitchover && r.Cancel && r.Node == "" {
+			break // a cancel names the group; the arbiter knows the target
+		}
 		if err := ValidToken("node", r.Node); err != nil {
 			return err
 		}
@@ -153,6 +169,17 @@ type OperatorAction struct {
 	// acts on a request (it refuses a request it cannot record), and empty
 	// on the record of what it did, which is caused by the first.
 	Stage string `json:"stage,omitempty"`
+	// Drain, WithinMS and Cancel are the request's, as asked.
+	Drain    DrainMode `json:"drain,omitempty"`
+	WithinMS int64     `json:"within_ms,omitempty"`
+	Cancel   bool      `json:"cancel,omitempty"`
+	// Input, on the outcome's record, is the id of the last stored event
+	// the arbiter had read when it acted (as on ArbiterDecision), so that
+	// `fanctl replay` applies the action at the same point; InputAudit
+	// and InputLive are its place in each stream (as on ArbiterDecision).
+	Input      string `json:"input,omitempty"`
+	InputAudit string `json:"input_audit,omitempty"`
+	InputLive  string `json:"input_live,omitempty"`
 }
 
 // StageRequested marks an OperatorAction that records a request before
@@ -163,6 +190,14 @@ const StageRequested = "requested"
 // bigger one before decoding it.
 const MaxRequestBytes = 4096
 
+// OperatorAnswerWithin is how long a client waits for the arbiter leader's
+// answer by default. The leader answers only after the request is stored
+// in the audit trail (at most 2 s), its state persisted (at most 2 s) and
+// each command of the decision published (at most 2 s each; a move has at
+// most two): a client that gave up sooner could report "no answer" for an
+// action that was taken.
+const OperatorAnswerWithin = 10 * time.Second
+
 func (OperatorAction) EventType() Type    { return TypeOperatorAction }
 func (OperatorAction) SchemaVersion() int { return 1 }
 func (a OperatorAction) subject(e Envelope) string {
@@ -170,7 +205,7 @@ func (a OperatorAction) subject(e Envelope) string {
 }
 
 func (a OperatorAction) Validate() error {
-	r := OperatorRequest{Verb: a.Verb, Group: a.Group, Node: a.Node, Reason: a.Reason, Operator: a.Operator}
+	r := OperatorRequest{Verb: a.Verb, Group: a.Group, Node: a.Node, Reason: a.Reason, Operator: a.Operator, Cancel: a.Cancel}
 	if err := r.validateShape(); err != nil {
 		return err
 	}

@@ -2,6 +2,7 @@ package events
 
 import (
 	"fmt"
+	"math"
 	"net/netip"
 	"time"
 
@@ -99,6 +100,21 @@ func (p ProbeResult) Validate() error {
 	if !p.OK && p.Error == "" {
 		return fmt.Errorf("%w: error (a failed result must say why)", ErrMissingField)
 	}
+	if err := firstErr(
+		textIn("kind", p.Kind, MaxShortLen),
+		textIn("target", p.Target, MaxTextLen),
+		textIn("error", p.Error, MaxTextLen),
+		textIn("error_class", string(p.ErrorClass), MaxShortLen),
+		floatIn("duration_ms", p.DurationMS, 0, MaxDurationMS),
+		listIn("figures", len(p.Figures), MaxListLen),
+	); err != nil {
+		return err
+	}
+	for k, v := range p.Figures {
+		if err := firstErr(textIn("figures key", k, MaxShortLen), floatIn("figures["+k+"]", v, -math.MaxFloat64, math.MaxFloat64)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -151,6 +167,20 @@ func (h HealthTransition) Validate() error {
 	if len(h.Evidence) == 0 {
 		return fmt.Errorf("%w: evidence", ErrMissingField)
 	}
+	if err := firstErr(
+		intIn("rise", h.Rise, 1, MaxRiseFall),
+		intIn("fall", h.Fall, 1, MaxRiseFall),
+		intIn("consecutive", h.Consecutive, 0, MaxCount),
+		listIn("evidence", len(h.Evidence), MaxRiseFall),
+		textIn("reason", h.Reason, MaxTextLen),
+	); err != nil {
+		return err
+	}
+	for _, ev := range h.Evidence {
+		if err := firstErr(textIn("evidence error", ev.Error, MaxTextLen), floatIn("evidence duration_ms", ev.DurationMS, 0, MaxDurationMS)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -197,6 +227,26 @@ func (h NodeHeartbeat) Validate() error {
 	}
 	if h.Version == "" {
 		return fmt.Errorf("%w: version", ErrMissingField)
+	}
+	if err := firstErr(
+		ValidHeartbeatInterval(h.IntervalMS),
+		floatIn("cpu_percent", h.CPUPercent, 0, 100),
+		floatIn("load1", h.Load1, 0, MaxCount),
+		floatIn("uptime_seconds", h.UptimeSeconds, 0, 100*365*24*3600),
+		textIn("version", h.Version, MaxShortLen),
+		listIn("checks", len(h.Checks), MaxListLen),
+	); err != nil {
+		return err
+	}
+	if h.MemTotalBytes > 0 && h.MemAvailableBytes > h.MemTotalBytes {
+		return fmt.Errorf("%w: mem_available_bytes %d above mem_total_bytes %d", ErrInvalidField, h.MemAvailableBytes, h.MemTotalBytes)
+	}
+	for f, v := range map[string]*int{"active_channels": h.ActiveChannels, "active_calls": h.ActiveCalls} {
+		if v != nil {
+			if err := intIn(f, *v, 0, MaxCount); err != nil {
+				return err
+			}
+		}
 	}
 	for name, c := range h.Checks {
 		if err := ValidToken("checks key", name); err != nil {
@@ -246,7 +296,31 @@ type ArbiterDecision struct {
 	// Forced marks a failback made with calls still up because the window
 	// was about to close and the policy says force.
 	Forced bool `json:"forced,omitempty"`
+	// Trigger and Input say what the arbiter was doing when it decided, so
+	// that `fanctl replay` can give its decision core the same inputs at
+	// the same moments (the envelope's time is the core's clock): Input is
+	// the id of the last stored event the arbiter had read, and Trigger
+	// whether it was handling that event or acting on something else.
+	Trigger Trigger `json:"trigger,omitempty"`
+	Input   string  `json:"input,omitempty"`
+	// InputAudit and InputLive are the last events the arbiter had read
+	// from the audit stream and from the live stream (heartbeats): it
+	// reads the two at once, in no common order, so the replay needs its
+	// place in each. Input is the later of the two.
+	InputAudit string `json:"input_audit,omitempty"`
+	InputLive  string `json:"input_live,omitempty"`
 }
+
+// Trigger is what made the arbiter's decision core decide.
+type Trigger string
+
+const (
+	TriggerEvent    Trigger = "event"    // handling the decision's Input
+	TriggerTick     Trigger = "tick"     // its own clock (timeouts, silence, stability)
+	TriggerBeacon   Trigger = "beacon"   // a presence beacon (core NATS: never stored)
+	TriggerOperator Trigger = "operator" // an operator action (the OperatorAction it cites)
+	TriggerTakeover Trigger = "takeover" // a new leader re-issuing a claim its predecessor never sent
+)
 
 func (ArbiterDecision) EventType() Type    { return TypeArbiterDecision }
 func (ArbiterDecision) SchemaVersion() int { return 1 }
@@ -266,6 +340,16 @@ func (d ArbiterDecision) Validate() error {
 	}
 	if len(d.CausedBy) == 0 {
 		return fmt.Errorf("%w: caused_by (every decision names its causes)", ErrMissingField)
+	}
+	if err := firstErr(
+		textIn("reason", d.Reason, MaxTextLen),
+		textIn("input", d.Input, MaxTextLen),
+		listIn("caused_by", len(d.CausedBy), MaxListLen),
+		listIn("commands", len(d.Commands), MaxListLen),
+		textIn("from", d.From, MaxShortLen),
+		textIn("to", d.To, MaxShortLen),
+	); err != nil {
+		return err
 	}
 	if d.Action != ActionHold {
 		if err := ValidToken("to", d.To); err != nil {
@@ -309,6 +393,9 @@ func (c ClaimIP) Validate() error {
 	if err := validateAddressCommand(c.Group, c.Node, c.Addresses, c.NotAfter); err != nil {
 		return err
 	}
+	if err := listIn("after_releases", len(c.AfterReleases), MaxListLen); err != nil {
+		return err
+	}
 	for _, id := range c.AfterReleases {
 		if _, err := uuid.Parse(id); err != nil {
 			return fmt.Errorf("%w: after_releases %q", ErrInvalidField, id)
@@ -339,6 +426,9 @@ func (c ReleaseIP) subject(e Envelope) string {
 	return CommandSubject(e.Cluster, c.Node, VerbRelease)
 }
 func (c ReleaseIP) Validate() error {
+	if err := textIn("reason", c.Reason, MaxTextLen); err != nil {
+		return err
+	}
 	return validateAddressCommand(c.Group, c.Node, c.Addresses, c.NotAfter)
 }
 
@@ -351,6 +441,9 @@ func validateAddressCommand(group, node string, addrs []string, notAfter time.Ti
 	}
 	if len(addrs) == 0 {
 		return fmt.Errorf("%w: addresses", ErrMissingField)
+	}
+	if err := listIn("addresses", len(addrs), MaxListLen); err != nil {
+		return err
 	}
 	for _, a := range addrs {
 		if _, err := netip.ParsePrefix(a); err != nil {
@@ -409,6 +502,14 @@ func (c AnswerPBX) Validate() error {
 	}
 	if c.NotAfter.IsZero() {
 		return fmt.Errorf("%w: not_after", ErrMissingField)
+	}
+	if err := listIn("modules", len(c.Modules), 64); err != nil {
+		return err
+	}
+	for _, m := range c.Modules {
+		if err := textIn("module", m, MaxShortLen); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -478,6 +579,18 @@ func (r CommandResult) Validate() error {
 	if r.Outcome != OutcomeApplied && r.Outcome != OutcomeDuplicate && r.Error == "" {
 		return fmt.Errorf("%w: error (a refused or failed command must say why)", ErrMissingField)
 	}
+	if err := firstErr(
+		textIn("command_id", r.CommandID, MaxShortLen),
+		textIn("error", r.Error, MaxTextLen),
+		listIn("steps", len(r.Steps), MaxListLen),
+	); err != nil {
+		return err
+	}
+	for _, st := range r.Steps {
+		if err := firstErr(textIn("step name", st.Name, MaxShortLen), floatIn("step elapsed_ms", st.ElapsedMS, 0, MaxDurationMS)); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -505,7 +618,10 @@ func (p FailbackPermit) Validate() error {
 	if p.ValidFrom.IsZero() || !p.ValidUntil.After(p.ValidFrom) {
 		return fmt.Errorf("%w: valid_from must precede valid_until", ErrInvalidField)
 	}
-	return nil
+	if span := p.ValidUntil.Sub(p.ValidFrom); span > MaxPermitSpan {
+		return fmt.Errorf("%w: permit valid for %v, at most %v", ErrInvalidField, span, MaxPermitSpan)
+	}
+	return textIn("window", p.Window, MaxShortLen)
 }
 
 // ReplicationStatus reports a replication pass from one node to a peer.
@@ -543,10 +659,15 @@ func (r ReplicationStatus) Validate() error {
 	if r.Tree == "" {
 		return fmt.Errorf("%w: tree", ErrMissingField)
 	}
-	if r.Files < 0 || r.Bytes < 0 {
+	if r.Files < 0 || r.Bytes < 0 || r.Deleted < 0 {
 		return fmt.Errorf("%w: negative counts", ErrInvalidField)
 	}
-	return nil
+	return firstErr(
+		textIn("tree", r.Tree, MaxShortLen),
+		textIn("error", r.Error, MaxTextLen),
+		floatIn("duration_ms", r.DurationMS, 0, MaxDurationMS),
+		floatIn("lag_ms", r.LagMS, -MaxLagMS, MaxLagMS),
+	)
 }
 
 // ServiceState is a service instance's lifecycle stage.
@@ -580,6 +701,9 @@ func (a ServiceAnnounce) Validate() error {
 	}
 	if a.Version == "" {
 		return fmt.Errorf("%w: version", ErrMissingField)
+	}
+	if err := textIn("version", a.Version, MaxShortLen); err != nil {
+		return err
 	}
 	if a.State != ServiceStarted && a.State != ServiceStopping {
 		return fmt.Errorf("%w: state %q", ErrInvalidField, a.State)

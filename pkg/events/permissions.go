@@ -45,6 +45,11 @@ const (
 	RoleOperator BusRole = "operator"
 	// RoleAuditor reads the trail and the state; it can change nothing.
 	RoleAuditor BusRole = "auditor"
+	// RoleViewer is the status page (fanctl serve): a server that faces
+	// browsers, so the least of all: it reads the audit stream, the live
+	// stream and the state bucket, and may neither publish, nor list
+	// streams, nor ask any service anything.
+	RoleViewer BusRole = "viewer"
 	// RoleAdmin provisions streams and buckets at install; it alone has
 	// create rights, and even it cannot purge, delete or reconfigure the
 	// audit stream.
@@ -57,7 +62,7 @@ var Services = []BusRole{RoleProber, RoleArbiter, RoleIPMover, RoleReplicator, R
 
 // Roles lists every role.
 func Roles() []BusRole {
-	return append(slices.Clone(Services), RoleOperator, RoleAuditor, RoleAdmin)
+	return append(slices.Clone(Services), RoleOperator, RoleAuditor, RoleViewer, RoleAdmin)
 }
 
 // Identity is one credential on the bus.
@@ -151,6 +156,8 @@ var publishers = map[Type][]publisher{
 	TypeAddressCorrection:   {{RoleIPMover, scopeExecuted, perNode(AddressCorrectionSubject)}},
 	TypeDispatcherWeights:   {{RoleArbiter, scopeCluster, perCluster(WeightsSubject)}},
 	TypeOperatorAction:      {{RoleArbiter, scopeCluster, clusterOnly(OperatorActionSubject)}},
+	TypePlannedMove:         {{RoleArbiter, scopeCluster, perCluster(PlannedMoveSubject)}},
+	TypeArbiterTerm:         {{RoleArbiter, scopeCluster, clusterOnly(TermSubject)}},
 }
 
 // Publishers names the roles that publish a type (for documentation and
@@ -175,8 +182,8 @@ const (
 	jsFC  = "$JS.FC"
 )
 
-func kvStream(bucket string) string  { return "KV_" + bucket }
-func objStream(bucket string) string { return "OBJ_" + bucket }
+func kvStream(bucket string) string  { return KVStreamName(bucket) }
+func objStream(bucket string) string { return ObjectStreamName(bucket) }
 
 // KVSubject is the subject a KV put of key in bucket is published on.
 func KVSubject(bucket, key string) string { return "$KV." + bucket + "." + key }
@@ -192,7 +199,7 @@ func streamRead(stream string) []string {
 		jsAPI + ".CONSUMER.MSG.NEXT." + stream + ".*",
 		jsAPI + ".DIRECT.GET." + stream,
 		jsAPI + ".DIRECT.GET." + stream + ".>",
-		jsAPI + ".STREAM.MSG.GET." + stream,
+		JSStreamMsgGetSubject(stream),
 		jsFC + "." + stream + ".>",
 	}
 }
@@ -298,6 +305,7 @@ func (id Identity) Permissions() (Permissions, error) {
 		// check they exist (creating them is the admin's job).
 		pub(jsAPI+".INFO",
 			jsAPI+".STREAM.INFO."+EventsStream,
+			jsAPI+".STREAM.INFO."+LiveStream,
 			jsAPI+".STREAM.INFO."+CommandsStream,
 			jsAPI+".STREAM.INFO."+kvStream(StateBucket))
 	}
@@ -309,10 +317,13 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(LeaseSubject(cl, "*"), ArbiterPresenceSubject(cl, id.Name))
 		sub(AllOperatorRequests(cl), AllBeacons(cl), AllArbiterPresence(cl))
 		pub(streamRead(EventsStream)...)
+		// Heartbeats (presence, level-triggered check states, the
+		// registry, dispatcher weights) are in the live stream.
+		pub(streamRead(LiveStream)...)
 		pub(streamRead(kvStream(StateBucket))...)
 		// The lease and outstanding claims are read back from the command
 		// stream by message (no consumer).
-		pub(jsAPI+".STREAM.MSG.GET."+CommandsStream,
+		pub(JSStreamMsgGetSubject(CommandsStream),
 			jsAPI+".DIRECT.GET."+CommandsStream,
 			jsAPI+".DIRECT.GET."+CommandsStream+".>")
 		// A leader that cannot command releases the lease by deleting its
@@ -335,7 +346,7 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(streamRead(kvStream(StateBucket))...)
 		// Executors read the arbiter lease's records by sequence and the
 		// last one, to accept only epochs that are lease terms.
-		pub(jsAPI+".STREAM.MSG.GET."+CommandsStream,
+		pub(JSStreamMsgGetSubject(CommandsStream),
 			jsAPI+".DIRECT.GET."+CommandsStream,
 			jsAPI+".DIRECT.GET."+CommandsStream+"."+LeaseSubject(cl, ArbiterLease))
 		for _, n := range executes {
@@ -353,6 +364,7 @@ func (id Identity) Permissions() (Permissions, error) {
 	case RoleOperator, RoleAuditor:
 		pub(jsAPI + ".INFO")
 		pub(streamRead(EventsStream)...)
+		pub(streamRead(LiveStream)...)
 		pub(streamRead(kvStream(StateBucket))...)
 		pub(jsAPI+".STREAM.INFO."+CommandsStream, jsAPI+".STREAM.LIST", jsAPI+".STREAM.NAMES")
 		pub(ServiceStatusSubject(cl, "*", "*"), "$SRV.>")
@@ -361,6 +373,13 @@ func (id Identity) Permissions() (Permissions, error) {
 			// asked from it.
 			pub(OperatorRequestSubject(cl, id.Name))
 		}
+	case RoleViewer:
+		// The timeline and explanations (consumers on the audit and live
+		// streams), each node's last heartbeat (a direct get) and the
+		// status records and plans (the bucket's stream).
+		pub(streamRead(EventsStream)...)
+		pub(streamRead(LiveStream)...)
+		pub(streamRead(kvStream(StateBucket))...)
 	case RoleAdmin:
 		pub(jsAPI+".>", "$KV.>", "$O.>", jsFC+".>")
 		p.Publish.Deny = append(p.Publish.Deny, auditProtected()...)

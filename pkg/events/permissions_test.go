@@ -16,6 +16,7 @@ func permIdentities(t *testing.T) map[string]Permissions {
 		{Role: RoleIPMover, Name: "ctl1", Executes: []string{"siteA"}},
 		{Role: RoleOperator, Name: "alice"},
 		{Role: RoleAuditor, Name: "bob"},
+		{Role: RoleViewer, Name: "noc"},
 		{Role: RoleAdmin, Name: "admin"},
 	}
 	for _, n := range []string{"n1", "n2"} {
@@ -180,6 +181,9 @@ func TestPermissionsExclusive(t *testing.T) {
 	if perms["auditor@bob"].Publish.Allows(OperatorRequestSubject("c1", "bob")) {
 		t.Error("an auditor may ask the arbiter to act")
 	}
+	if perms["viewer@noc"].Publish.Allows(OperatorRequestSubject("c1", "noc")) {
+		t.Error("the status page may ask the arbiter to act")
+	}
 	// An operator's credentials speak only for that operator.
 	if !perms["operator@alice"].Publish.Allows(OperatorRequestSubject("c1", "alice")) {
 		t.Error("alice may not send her own requests")
@@ -202,5 +206,45 @@ func TestSubjectMatches(t *testing.T) {
 		if got := SubjectMatches(c.p, c.s); got != c.want {
 			t.Errorf("SubjectMatches(%q, %q) = %v", c.p, c.s, got)
 		}
+	}
+}
+
+// TestViewerOnlyReads: the status page's identity may read the audit and
+// live streams and the state bucket, and nothing else: no event, command,
+// key or object write, no stream list or account info, no request to a
+// service, no read of the command stream, no other identity's inbox.
+func TestViewerOnlyReads(t *testing.T) {
+	p := permIdentities(t)["viewer@noc"]
+	for _, s := range []string{
+		"$JS.API.CONSUMER.CREATE.FAN_EVENTS.x.fan.evt.c1.>", "$JS.API.CONSUMER.CREATE.FAN_LIVE.x.fan.state.c1.>",
+		"$JS.API.CONSUMER.CREATE.KV_fan_state.x.$KV.fan_state.group.c1.*", "$JS.API.DIRECT.GET.FAN_LIVE." + HeartbeatSubject("c1", "n1"),
+		"$JS.API.STREAM.INFO.FAN_LIVE", "$JS.API.STREAM.INFO.KV_fan_state",
+	} {
+		if !p.Publish.Allows(s) {
+			t.Errorf("the viewer may not %s, which the page needs", s)
+		}
+	}
+	for _, s := range []string{
+		"$JS.API.INFO", "$JS.API.STREAM.LIST", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.INFO.FAN_CMD",
+		"$JS.API.CONSUMER.CREATE.FAN_CMD.x.fan.cmd.c1.>", "$JS.API.DIRECT.GET.FAN_CMD", "$JS.API.STREAM.MSG.DELETE.FAN_LIVE",
+		"$JS.API.STREAM.PURGE.KV_fan_state", "$JS.ACK.FAN_EVENTS.x.1.1.1.1.0",
+		KVSubject(StateBucket, GroupStatusKey("c1", "pbx")), KVSubject(StateBucket, ScheduleKey("c1")),
+		"$O.fan_repl_blobs.C.x", ServiceStatusSubject("c1", "arbiter", "ctl1"), "$SRV.PING",
+		OperatorRequestSubject("c1", "noc"), LeaseSubject("c1", ArbiterLease),
+	} {
+		if p.Publish.Allows(s) {
+			t.Errorf("the viewer may publish %s", s)
+		}
+	}
+	for typ, sample := range samples() {
+		for _, n := range []string{"n1", "n2", "ctl1", "noc"} {
+			subj := Subject(Envelope{Cluster: "c1", Source: Source{Service: "x", Node: n}}, sample)
+			if p.Publish.Allows(subj) {
+				t.Errorf("the viewer may publish %s on %s", typ, subj)
+			}
+		}
+	}
+	if len(p.Subscribe.Allow) != 1 || p.Subscribe.Allow[0] != "_INBOX.>" || p.AllowResponses {
+		t.Errorf("the viewer subscribes to %v (responses %v): only its replies", p.Subscribe.Allow, p.AllowResponses)
 	}
 }

@@ -47,6 +47,9 @@ func DecodeBeacon(data []byte) (Beacon, error) {
 	if b.IntervalMS <= 0 {
 		return b, fmt.Errorf("beacon: %w: interval_ms", ErrMissingField)
 	}
+	if err := ValidBeaconInterval(b.IntervalMS); err != nil {
+		return b, fmt.Errorf("beacon: %w", err)
+	}
 	return b, nil
 }
 
@@ -87,6 +90,9 @@ func DecodeArbiterPresence(data []byte) (ArbiterPresence, error) {
 	}
 	if p.IntervalMS <= 0 {
 		return p, fmt.Errorf("arbiter presence: %w: interval_ms", ErrMissingField)
+	}
+	if err := ValidBeaconInterval(p.IntervalMS); err != nil {
+		return p, fmt.Errorf("arbiter presence: %w", err)
 	}
 	return p, nil
 }

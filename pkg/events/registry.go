@@ -64,7 +64,12 @@ func (p NodePresence) Validate() error {
 	if p.ThresholdMS <= 0 {
 		return fmt.Errorf("%w: threshold_ms", ErrMissingField)
 	}
-	return nil
+	// The registry's offline_after is at most 24h; silence is reported as
+	// measured (concurrent writers' clocks may make it slightly negative).
+	return firstErr(
+		intIn("threshold_ms", p.ThresholdMS, 1, ms(24*time.Hour)),
+		intIn("silent_ms", p.SilentMS, -int64(MaxLagMS), int64(MaxLagMS)),
+	)
 }
 
 // PresenceSubject carries one node's presence changes.

@@ -78,7 +78,7 @@ func (a ReplicationApplied) Validate() error {
 	if a.Files < 0 || a.Bytes < 0 || a.Deleted < 0 || a.Conflicts < 0 {
 		return fmt.Errorf("%w: negative counts", ErrInvalidField)
 	}
-	return nil
+	return textIn("digest", a.Digest, MaxShortLen)
 }
 
 // AlarmReason says why replication stopped and waits for a human.
@@ -130,7 +130,10 @@ func (a ReplicationAlarm) Validate() error {
 	if a.Message == "" {
 		return fmt.Errorf("%w: message", ErrMissingField)
 	}
-	return nil
+	if a.Deletes < 0 || a.TargetFiles < 0 {
+		return fmt.Errorf("%w: negative counts", ErrInvalidField)
+	}
+	return firstErr(textIn("message", a.Message, MaxTextLen), floatIn("max_share", a.MaxShare, 0, 1))
 }
 
 // ConflictFile is one local file a target replaced or removed although
@@ -173,6 +176,11 @@ func (c ReplicationConflict) Validate() error {
 	}
 	if len(c.Files) > MaxConflictsListed || int64(len(c.Files)) > c.Count {
 		return fmt.Errorf("%w: files lists %d of count %d (at most %d)", ErrInvalidField, len(c.Files), c.Count, MaxConflictsListed)
+	}
+	for _, f := range c.Files {
+		if err := firstErr(textIn("files path", f.Path, 4096), textIn("files preserved_as", f.PreservedAs, 4096), textIn("files reason", f.Reason, MaxShortLen)); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -20,10 +20,16 @@ type GroupStatus struct {
 	Frozen string `json:"frozen,omitempty"`
 	// Situation is the last "decided not to move" explained.
 	Situation string `json:"situation,omitempty"`
+	// NeedsHuman is set while the standing hold is one the arbiter cannot
+	// resolve alone (the situation says why).
+	NeedsHuman bool `json:"needs_human,omitempty"`
 	// PermitUntil is the end of the failback permit in force, if any.
 	PermitUntil time.Time `json:"permit_until,omitzero"`
 	// MovesLastHour counts the automatic moves the flap cap looks at.
 	MovesLastHour int `json:"moves_last_hour,omitempty"`
+	// Planned is the operator's planned move waiting for the holder to
+	// drain (or, for a standby, one that gave up), if any.
+	Planned *PlannedStatus `json:"planned,omitempty"`
 }
 
 // NodeStatus is one node as the arbiter sees it.

@@ -28,10 +28,11 @@ func ValidToken(field, v string) error {
 	return nil
 }
 
-// AllEvents matches every event of every cluster (the audit stream's subjects).
+// AllEvents matches every audited event of every cluster (the audit
+// stream's subjects); live state is under LiveStateRoot.
 func AllEvents() string { return EventRoot + ".>" }
 
-// ClusterEvents matches every event of one cluster.
+// ClusterEvents matches every audited event of one cluster.
 func ClusterEvents(cluster string) string { return EventRoot + "." + cluster + ".>" }
 
 // AllCommands matches every command of every cluster (the command stream's subjects).
@@ -43,9 +44,10 @@ func ClusterCommands(cluster string) string { return CommandRoot + "." + cluster
 // AllLeases matches every lease subject.
 func AllLeases() string { return LeaseRoot + ".>" }
 
-// ProbeResultSubject carries raw results of one node's prober.
+// ProbeResultSubject carries raw results of one node's prober: live state,
+// kept in the live stream.
 func ProbeResultSubject(cluster, node string) string {
-	return EventRoot + "." + cluster + ".probe." + node + ".result"
+	return LiveStateRoot + "." + cluster + ".probe." + node + ".result"
 }
 
 // HealthSubject carries one node's prober's health transitions.
@@ -56,13 +58,16 @@ func HealthSubject(cluster, node string) string {
 // AllHealth matches the health transitions of every node in a cluster.
 func AllHealth(cluster string) string { return EventRoot + "." + cluster + ".probe.*.health" }
 
-// HeartbeatSubject carries one node's heartbeats.
+// HeartbeatSubject carries one node's heartbeats: live state, kept in the
+// live stream.
 func HeartbeatSubject(cluster, node string) string {
-	return EventRoot + "." + cluster + ".node." + node + ".heartbeat"
+	return LiveStateRoot + "." + cluster + ".node." + node + ".heartbeat"
 }
 
 // AllHeartbeats matches the heartbeats of every node in a cluster.
-func AllHeartbeats(cluster string) string { return EventRoot + "." + cluster + ".node.*.heartbeat" }
+func AllHeartbeats(cluster string) string {
+	return LiveStateRoot + "." + cluster + ".node.*.heartbeat"
+}
 
 // DecisionSubject carries the arbiter's decisions for one group.
 func DecisionSubject(cluster, group string) string {

@@ -110,7 +110,6 @@ type tcpResponder struct {
 	mu      sync.Mutex
 	accepts int
 	reqs    []*message
-	raws    []string
 }
 
 func newTCPResponder(t *testing.T, reply func(req *message) ([][]byte, bool)) *tcpResponder {

@@ -11,10 +11,14 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 )
 
+require github.com/staskobzar/goami2 v1.7.6 // indirect
+
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/fanpbx/fan/lab v0.0.0
+	github.com/fanpbx/fan/pkg/ami v0.0.0
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/klauspost/compress v1.20.3 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
@@ -36,3 +40,9 @@ require (
 replace github.com/fanpbx/fan/pkg/events => ../../pkg/events
 
 replace github.com/fanpbx/fan/pkg/platform => ../../pkg/platform
+
+replace github.com/fanpbx/fan/lab => ../../lab
+
+replace github.com/fanpbx/fan/pkg/ami => ../../pkg/ami
+
+replace github.com/fanpbx/fan/pkg/sipoptions => ../../pkg/sipoptions

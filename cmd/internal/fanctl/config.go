@@ -4,6 +4,7 @@ import (
 	"flag"
 	"fmt"
 
+	"github.com/fanpbx/fan/cmd/internal/statuspage"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
@@ -22,18 +23,24 @@ type Config struct {
 	TLS      bus.TLSConfig `yaml:"tls"`
 	Cluster  string        `yaml:"cluster"`
 	Operator string        `yaml:"operator"`
+	// Serve configures the status page (fanctl serve).
+	Serve statuspage.Config `yaml:"serve"`
 }
 
+// Validate checks the bounds of what the file sets, naming the key.
+func (c *Config) Validate() error { return c.Serve.Validate() }
+
 // applyConfig loads path and fills every connection setting the command line
-// did not set explicitly.
-func applyConfig(fs *flag.FlagSet, path string, cfg *bus.Config, cluster, operator *string) error {
+// did not set explicitly; it returns the file for the commands' own
+// sections.
+func applyConfig(fs *flag.FlagSet, path string, cfg *bus.Config, cluster, operator *string) (Config, error) {
 	var c Config
 	if err := config.Load(path, &c); err != nil {
-		return fmt.Errorf("fanctl config: %w", err)
+		return c, fmt.Errorf("fanctl config: %w", err)
 	}
 	if c.Operator != "" {
 		if err := events.ValidToken("operator", c.Operator); err != nil {
-			return fmt.Errorf("fanctl config %s: %w", path, err)
+			return c, fmt.Errorf("fanctl config %s: %w", path, err)
 		}
 	}
 	set := map[string]bool{}
@@ -51,5 +58,5 @@ func applyConfig(fs *flag.FlagSet, path string, cfg *bus.Config, cluster, operat
 	fill("tls-key", &cfg.TLS.Key, c.TLS.Key)
 	fill("cluster", cluster, c.Cluster)
 	fill("operator", operator, c.Operator)
-	return nil
+	return c, nil
 }

@@ -18,12 +18,7 @@ func TestEventsPrintsTheTrailInOrder(t *testing.T) {
 	s := bustest.Server(t)
 	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "prober", Node: "n1"})
 	ctx := context.Background()
-	down, err := b.Emit(ctx, events.HealthTransition{Check: "pbx", TargetNode: "n1", Role: events.RoleSelf, From: events.HealthUp,
-		To: events.HealthDown, Reason: "3 consecutive failures", Consecutive: 3, Rise: 2, Fall: 3,
-		Evidence: []events.Evidence{{At: time.Now(), Error: "timeout", ErrorClass: events.ErrorTimeout}}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	down := emitDown(t, b)
 	// n1's health stored on n2's subject: not shown, but not hidden either.
 	forged, _ := down.Encode()
 	if _, err := b.JS.Publish(ctx, events.HealthSubject("lab", "n2"), forged); err != nil {

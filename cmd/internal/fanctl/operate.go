@@ -7,7 +7,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"strings"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -18,6 +17,7 @@ import (
 type operatorFlags struct {
 	group, reason, as *string
 	wait              *time.Duration
+	json              *bool
 }
 
 func addOperatorFlags(fs *flag.FlagSet, withGroup bool) operatorFlags {
@@ -25,7 +25,8 @@ func addOperatorFlags(fs *flag.FlagSet, withGroup bool) operatorFlags {
 		reason: fs.String("reason", "", fmt.Sprintf("why (recorded in the audit trail; at most %d characters)", events.MaxReasonChars)),
 		as: fs.String("as", "", fmt.Sprintf("a comment recorded with the action (on whose behalf, a ticket; at most %d characters); "+
 			"who asked is always the operator of the credentials", events.MaxCommentChars)),
-		wait: fs.Duration("wait", 5*time.Second, "how long to wait for the arbiter leader's answer"),
+		wait: fs.Duration("wait", events.OperatorAnswerWithin, "how long to wait for the arbiter leader's answer"),
+		json: fs.Bool("json", false, "print the arbiter's answer as JSON"),
 	}
 	g := ""
 	o.group = &g
@@ -35,12 +36,48 @@ func addOperatorFlags(fs *flag.FlagSet, withGroup bool) operatorFlags {
 	return o
 }
 
+// drainFlags are a planned move's policy (switchover, node standby).
+type drainFlags struct {
+	within     *time.Duration
+	forceAfter *bool
+	now        *bool
+}
+
+func addDrainFlags(fs *flag.FlagSet) drainFlags {
+	return drainFlags{
+		within: fs.Duration("within", 0, fmt.Sprintf("wait at most this long for the holder's calls to end (%v..%v; default: the group's planned.drain_within, 30m unless configured)",
+			events.MinDrainWithin, events.MaxDrainWithin)),
+		forceAfter: fs.Bool("force-after", false, "move anyway when --within has passed (default: give up and say so)"),
+		now:        fs.Bool("now", false, "move at once, cutting the calls on the holder (the reply says how many)"),
+	}
+}
+
+// apply puts the policy into req; a bad combination is refused here,
+// before anything is sent.
+func (d drainFlags) apply(req *events.OperatorRequest) error {
+	switch {
+	case *d.now && (*d.forceAfter || *d.within != 0):
+		return errors.New("--now moves at once: it takes neither --within nor --force-after")
+	case *d.now:
+		req.Drain = events.DrainNow
+	case *d.forceAfter:
+		req.Drain = events.DrainForceAfter
+	}
+	if *d.within != 0 {
+		if *d.within < events.MinDrainWithin || *d.within > events.MaxDrainWithin {
+			return fmt.Errorf("--within %v: want between %v and %v", *d.within, events.MinDrainWithin, events.MaxDrainWithin)
+		}
+		req.WithinMS = d.within.Milliseconds()
+	}
+	return nil
+}
+
 // parseInterspersed parses flags that may come before or after positional
 // arguments (fanctl node standby n1 --reason x).
 func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	var pos []string
 	for {
-		if err := fs.Parse(args); err != nil {
+		if err := parseFlags(fs, args); err != nil {
 			return nil, err
 		}
 		args = fs.Args()
@@ -60,11 +97,19 @@ func runOperate(ctx context.Context, cmd string, args []string, cluster, operato
 	switch cmd {
 	case "switchover":
 		to := fs.String("to", "", "the node to move the group to")
+		cancel := fs.Bool("cancel", false, "cancel the group's planned switchover that is waiting for the holder to drain")
 		o = addOperatorFlags(fs, true)
+		d := addDrainFlags(fs)
 		if _, err := parseInterspersed(fs, args); err != nil {
 			return err
 		}
-		req = events.OperatorRequest{Verb: events.OpSwitchover, Node: *to}
+		req = events.OperatorRequest{Verb: events.OpSwitchover, Node: *to, Cancel: *cancel}
+		if *cancel && (*to != "" || *d.now || *d.forceAfter || *d.within != 0) {
+			return errors.New("switchover --cancel [--group G]: cancels the waiting move; it takes no --to, --now, --within or --force-after")
+		}
+		if err := d.apply(&req); err != nil {
+			return err
+		}
 	case "failback":
 		now := fs.Bool("now", false, "fail back now, outside any window (required: manual failback is deliberate)")
 		o = addOperatorFlags(fs, true)
@@ -90,16 +135,23 @@ func runOperate(ctx context.Context, cmd string, args []string, cluster, operato
 		}
 	case "node":
 		o = addOperatorFlags(fs, false)
+		d := addDrainFlags(fs)
 		pos, err := parseInterspersed(fs, args)
 		if err != nil {
 			return err
 		}
 		if len(pos) != 2 || (pos[0] != "standby" && pos[0] != "active") {
-			return errors.New("usage: fanctl node standby|active NODE [--reason TEXT]")
+			return errors.New("usage: fanctl node standby NODE [--within D] [--force-after | --now] [--reason TEXT], or fanctl node active NODE (which also cancels a standby's waiting moves)")
 		}
 		req = events.OperatorRequest{Verb: events.OpNodeStandby, Node: pos[1]}
 		if pos[0] == "active" {
 			req.Verb = events.OpNodeActive
+			if *d.now || *d.forceAfter || *d.within != 0 {
+				return errors.New("node active takes no --now, --within or --force-after")
+			}
+		}
+		if err := d.apply(&req); err != nil {
+			return err
 		}
 	}
 	if operator == "" {
@@ -124,6 +176,17 @@ func runOperate(ctx context.Context, cmd string, args []string, cluster, operato
 	rep, err := request(ctx, b.NC, cluster, req, *o.wait)
 	if err != nil {
 		return err
+	}
+	if *o.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if err := enc.Encode(rep); err != nil {
+			return err
+		}
+		if !rep.Accepted {
+			return errRefused
+		}
+		return nil
 	}
 	word := "accepted"
 	if !rep.Accepted {
@@ -158,7 +221,9 @@ func request(ctx context.Context, nc *nats.Conn, cluster string, req events.Oper
 	case errors.Is(err, nats.ErrNoResponders):
 		return rep, fmt.Errorf("no arbiter of cluster %s is running", cluster)
 	case errors.Is(err, context.DeadlineExceeded):
-		return rep, fmt.Errorf("no arbiter leader of cluster %s answered within %v (is one leading?)", cluster, wait)
+		// A leader that answers late may still have acted: say where to look.
+		return rep, fmt.Errorf("no arbiter leader of cluster %s answered within %v (is one leading?); "+
+			"if one was, it may have acted all the same: fanctl events --since 5m shows what it recorded", cluster, wait)
 	case err != nil:
 		return rep, fmt.Errorf("operator request: %w", err)
 	}
@@ -166,23 +231,4 @@ func request(ctx context.Context, nc *nats.Conn, cluster string, req events.Oper
 		return rep, fmt.Errorf("operator reply: %w", err)
 	}
 	return rep, nil
-}
-
-// describeAction renders an operator action for events and explain.
-func describeAction(a *events.OperatorAction) string {
-	target := strings.TrimSpace(strings.Join([]string{a.Group, a.Node}, " "))
-	s := fmt.Sprintf("%s %s by %s", a.Verb, target, a.Operator)
-	if a.Reason != "" {
-		s += fmt.Sprintf(" (%q)", a.Reason)
-	}
-	if a.Comment != "" {
-		s += fmt.Sprintf(" [comment %q]", a.Comment)
-	}
-	if a.Stage == events.StageRequested {
-		return s + ": requested"
-	}
-	if a.Accepted {
-		return s + ": " + a.Outcome
-	}
-	return s + ": REFUSED: " + a.Outcome
 }

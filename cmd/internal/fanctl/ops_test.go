@@ -14,7 +14,6 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
-	"github.com/nats-io/nats.go"
 )
 
 // TestExplainWalksBackToTheProbes builds the chain an auditor follows:
@@ -85,6 +84,26 @@ func TestExplainWalksBackToTheProbes(t *testing.T) {
 	if !strings.Contains(lines[4], "deadline exceeded") {
 		t.Fatalf("probe evidence missing: %q", lines[4])
 	}
+	// The heartbeat came from the live stream. Once that no longer keeps it
+	// (its max age passed; purged here), the chain still reaches the
+	// transition and its probe evidence in the audit stream, and says what
+	// the missing cause probably was.
+	live, err := b.JS.Stream(ctx, bus.LiveStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := live.Purge(ctx); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if code := fanctl.Main([]string{"--url", s.ClientURL(), "--cluster", "lab", "explain", res.ID}, &out, &errb, "t"); code != 0 {
+		t.Fatalf("explain after the live stream forgot the heartbeat: exit %d: %s", code, errb.String())
+	}
+	after := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(after) != len(want) || !strings.Contains(after[3], "health.transition") || !strings.Contains(after[4], "deadline exceeded") ||
+		!strings.Contains(after[5], "? "+hb.ID) || !strings.Contains(after[5], "live stream") {
+		t.Fatalf("explain once the heartbeat expired:\n%s", out.String())
+	}
 	if code := fanctl.Main([]string{"--url", s.ClientURL(), "explain", "not-an-id"}, &out, &errb, "t"); code == 0 {
 		t.Fatal("a bad id was accepted")
 	}
@@ -113,7 +132,7 @@ func TestWindowsPrintsThePlan(t *testing.T) {
 	if code := fanctl.Main([]string{"--url", s.ClientURL(), "--cluster", "lab", "windows"}, &out, &errb, "t"); code != 0 {
 		t.Fatalf("exit %d: %s", code, errb.String())
 	}
-	for _, want := range []string{"pbx", "nightly", "Europe/Berlin", "in 3h0m0s"} {
+	for _, want := range []string{"pbx", "nightly", "Europe/Berlin", "opens in 3h0m"} {
 		if !strings.Contains(out.String(), want) {
 			t.Fatalf("windows lacks %q:\n%s", want, out.String())
 		}
@@ -127,27 +146,14 @@ func TestOperatorCommands(t *testing.T) {
 	s := bustest.Server(t)
 	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
 	got := make(chan events.OperatorRequest, 8)
-	sub, err := b.NC.Subscribe(events.AllOperatorRequests("lab"), func(m *nats.Msg) {
-		var r events.OperatorRequest
-		_ = json.Unmarshal(m.Data, &r)
+	sub := standInArbiter(t, b, func(r events.OperatorRequest, subject string) events.OperatorReply {
 		// The subject names the sender; the test checks the body agrees.
-		if op, err := events.OperatorFromSubject("lab", m.Subject); err != nil || op != r.Operator {
-			r.Operator = "subject " + m.Subject
+		if op, err := events.OperatorFromSubject("lab", subject); err != nil || op != r.Operator {
+			r.Operator = "subject " + subject
 		}
 		got <- r
-		rep := events.OperatorReply{Accepted: r.Node != "n9", Message: "ok", EventID: "0193a1b2-0000-7000-8000-000000000001", Epoch: 3}
-		data, _ := json.Marshal(rep)
-		_ = m.Respond(data)
+		return events.OperatorReply{Accepted: r.Node != "n9", Message: "ok", EventID: "0193a1b2-0000-7000-8000-000000000001", Epoch: 3}
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer sub.Unsubscribe()
-	// Subscribe returns before the server has the interest; fanctl's first
-	// request, on another connection, would find no responder (seen in CI).
-	if err := b.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
 	cfgFile := filepath.Join(t.TempDir(), "fanctl.yaml")
 	if err := os.WriteFile(cfgFile, []byte("url: "+s.ClientURL()+"\ncluster: lab\noperator: erin\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -173,6 +179,13 @@ func TestOperatorCommands(t *testing.T) {
 		{[]string{"--operator", "dave", "node", "active", "n1"}, events.OperatorRequest{Verb: events.OpNodeActive, Node: "n1", Operator: "dave"}},
 		// --as is a comment; who asks is the operator.
 		{[]string{"--operator", "alice", "switchover", "--to", "n2", "--as", "ceo@finance"}, events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Operator: "alice", Comment: "ceo@finance"}},
+		// Planned moves: the drain policy travels with the request.
+		{[]string{"--operator", "alice", "switchover", "--to", "n2", "--within", "10m", "--force-after"},
+			events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Operator: "alice", Drain: events.DrainForceAfter, WithinMS: 600_000}},
+		{[]string{"--operator", "alice", "switchover", "--to", "n2", "--now"}, events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Operator: "alice", Drain: events.DrainNow}},
+		{[]string{"--operator", "bob", "switchover", "--cancel", "--group", "pbx"}, events.OperatorRequest{Verb: events.OpSwitchover, Group: "pbx", Operator: "bob", Cancel: true}},
+		{[]string{"--operator", "dave", "node", "standby", "n1", "--within", "45m"}, events.OperatorRequest{Verb: events.OpNodeStandby, Node: "n1", Operator: "dave", WithinMS: 2_700_000}},
+		{[]string{"--operator", "dave", "node", "standby", "n1", "--now"}, events.OperatorRequest{Verb: events.OpNodeStandby, Node: "n1", Operator: "dave", Drain: events.DrainNow}},
 		// The configuration file names the operator (and can carry the cluster and bus).
 		{[]string{"--config", cfgFile, "maintenance", "on"}, events.OperatorRequest{Verb: events.OpMaintenanceOn, Operator: "erin"}},
 	}
@@ -190,6 +203,9 @@ func TestOperatorCommands(t *testing.T) {
 	}
 	<-got
 	for _, bad := range [][]string{{"failback", "--reason", "x"}, {"failback", "--now"}, {"maintenance", "maybe"}, {"node", "standby"}, {"switchover"},
+		{"switchover", "--to", "n2", "--now", "--within", "5m"}, {"switchover", "--to", "n2", "--now", "--force-after"},
+		{"switchover", "--to", "n2", "--within", "25h"}, {"switchover", "--to", "n2", "--within", "10ms"}, {"switchover", "--cancel", "--to", "n2"},
+		{"node", "active", "n1", "--now"}, {"failback", "--now", "--reason", "x", "--within", "5m"},
 		{"--operator", "alice@ops1", "maintenance", "on"}} { // an operator name is one subject token
 		if code, _ := run(append([]string{"--operator", "alice"}, bad...)...); code == 0 {
 			t.Errorf("%v: exit 0", bad)

@@ -20,7 +20,7 @@ func runNATSConfig(args []string, stdout, stderr io.Writer) error {
 	file := fs.String("cluster-file", "cluster.yaml", "the cluster file")
 	out := fs.String("out", "fan-bus", "output directory (kept: its CA and keys are reused on every run)")
 	renew := fs.Bool("renew", false, "reissue every certificate from the same CA (keys are kept)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	c, err := natsconfig.LoadCluster(*file)
@@ -51,11 +51,19 @@ func runProvision(ctx context.Context, args []string, cfg *bus.Config, connect c
 	fs.SetOutput(stderr)
 	fs.IntVar(&cfg.Replicas, "replicas", 3, "replicas of every stream and bucket (1..5; 1 for a single server)")
 	maxAge := fs.Duration("events-max-age", 90*24*time.Hour, "how long the audit stream keeps events")
+	// The limits default to the configuration file's bus.limits (or fan's defaults).
+	cfg.Defaults()
+	fs.Int64Var(&cfg.Limits.EventsMiB, "events-mib", cfg.Limits.EventsMiB, "the audit stream's byte limit in MiB (64..1048576); the oldest records go first")
+	fs.Int64Var(&cfg.Limits.LiveMiB, "live-mib", cfg.Limits.LiveMiB, "the live stream's byte limit in MiB (16..65536)")
+	liveAge := fs.Duration("live-max-age", cfg.Limits.LiveMaxAge.D(), "how long the live stream keeps heartbeats and probe results (10m..168h)")
+	fs.Int64Var(&cfg.Limits.CommandsMiB, "commands-mib", cfg.Limits.CommandsMiB, "the command stream's byte limit in MiB (16..65536)")
+	fs.Int64Var(&cfg.Limits.StateMiB, "state-mib", cfg.Limits.StateMiB, "the state bucket's byte limit in MiB (16..16384)")
 	wait := fs.Duration("wait", time.Minute, "how long to keep trying while JetStream elects its leaders")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
 	cfg.EventsMaxAge = config.Duration(*maxAge)
+	cfg.Limits.LiveMaxAge = config.Duration(*liveAge)
 	b, err := connect()
 	if err != nil {
 		return err
@@ -69,7 +77,9 @@ func runProvision(ctx context.Context, args []string, cfg *bus.Config, connect c
 	if err := b.ProvisionObjectStores(pctx); err != nil {
 		return fmt.Errorf("provision object stores: %w", err)
 	}
-	fmt.Fprintf(stdout, "provisioned %s, %s, bucket %s and the replicator's object stores (%d replicas); the audit stream denies delete and purge\n",
-		bus.EventsStream, bus.CommandsStream, bus.StateBucket, cfg.Replicas)
+	fmt.Fprintf(stdout, "provisioned %s, %s, %s, bucket %s and the replicator's object stores (%d replicas); the audit stream denies delete and purge\n",
+		bus.EventsStream, bus.LiveStream, bus.CommandsStream, bus.StateBucket, cfg.Replicas)
+	fmt.Fprintf(stdout, "each NATS server with a replica needs %d MiB for them (audit %d, live %d, commands %d, state %d) plus the replicated trees\n",
+		cfg.Limits.TotalMiB(), cfg.Limits.EventsMiB, cfg.Limits.LiveMiB, cfg.Limits.CommandsMiB, cfg.Limits.StateMiB)
 	return nil
 }

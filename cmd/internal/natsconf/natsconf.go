@@ -25,6 +25,9 @@ const (
 // ErrUsage is returned for bad flags (the flag package has printed why).
 var ErrUsage = errors.New("usage")
 
+// ErrVersion is returned for -version: the caller prints its version and exits.
+var ErrVersion = errors.New("version requested")
+
 // Parse reads args (without the program name) and the -config file they
 // name, if any, into the server's settings, validated.
 func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
@@ -40,8 +43,12 @@ func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
 	routes := fs.String("routes", "", "the members' route addresses, comma separated (host:port or nats-route://host:port)")
 	serverConf := fs.String("server-config", "", "nats-server configuration file: authorization, accounts, tls (fanctl nats-config writes it)")
 	insecure := fs.Bool("insecure-lab", false, "allow a listener off loopback without authentication or TLS (throwaway labs only)")
+	showVersion := fs.Bool("version", false, "print the version and exit")
 	if err := fs.Parse(args); err != nil {
 		return bus.Embedded{}, ErrUsage
+	}
+	if *showVersion {
+		return bus.Embedded{}, ErrVersion
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "fan-nats: unexpected arguments %q\n", fs.Args())

@@ -1,8 +1,9 @@
 // Package natsconfig writes what a fan cluster's bus needs to run with
 // authentication, TLS and per-identity permissions: a CA, server and client
-// certificates, one nkey per service per host, per operator, per auditor and
-// for the admin, each nats-server's configuration (permissions derived from
-// pkg/events), and one bundle directory per host holding what goes there.
+// certificates, one nkey per service per host, per operator, per auditor,
+// per status page (viewer) and for the admin, each nats-server's
+// configuration (permissions derived from pkg/events), and one bundle
+// directory per host holding what goes there.
 package natsconfig
 
 import (
@@ -34,6 +35,10 @@ type Cluster struct {
 	// Operators may run fanctl's actions; auditors only read.
 	Operators []string `yaml:"operators"`
 	Auditors  []string `yaml:"auditors"`
+	// Viewers are status pages (fanctl serve), named for where they run:
+	// each may read the trail, the live state and the state bucket, and
+	// nothing else (events.RoleViewer).
+	Viewers []string `yaml:"viewers"`
 	// Paths on the hosts where the bundles are installed.
 	NATSDir  string `yaml:"nats_dir"`  // on nats servers (default /etc/nats)
 	StoreDir string `yaml:"store_dir"` // JetStream storage (default /var/lib/nats)
@@ -198,7 +203,7 @@ func (c *Cluster) validate() error {
 	for _, p := range []struct {
 		key   string
 		names []string
-	}{{"operators", c.Operators}, {"auditors", c.Auditors}} {
+	}{{"operators", c.Operators}, {"auditors", c.Auditors}, {"viewers", c.Viewers}} {
 		for i, n := range p.names {
 			if n == "admin" {
 				return config.Errf(fmt.Sprintf("%s[%d]", p.key, i), "admin is reserved")
@@ -259,6 +264,9 @@ func (c Cluster) identities() []identity {
 	}
 	for _, n := range c.Auditors {
 		out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: events.RoleAuditor, Name: n}, Dir: n})
+	}
+	for _, n := range c.Viewers {
+		out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: events.RoleViewer, Name: n}, Dir: n})
 	}
 	out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: events.RoleAdmin, Name: "admin"}, Dir: "admin"})
 	return out

@@ -55,7 +55,8 @@ const (
 // server, a fan host, an operator's or auditor's machine, or the admin's).
 func Bundle(out, name string) string { return filepath.Join(out, bundlesDir, name) }
 
-// SeedFile, CertFile, KeyFile and BusFile name an identity's files in its bundle.
+// SeedFile names an identity's nkey seed in its bundle; CertFile, KeyFile
+// and BusFile name its other files there.
 func SeedFile(role string) string { return role + ".nk" }
 func CertFile(role string) string { return role + "-cert.pem" }
 func KeyFile(role string) string  { return role + "-key.pem" }
@@ -449,6 +450,10 @@ func (g *gen) serverConf(s Server, ids []identity) ([]byte, error) {
 			routes = append(routes, "nats-route://"+net.JoinHostPort(o.Host, strconv.Itoa(o.ClusterPort)))
 		}
 		w("  routes: %s", list(routes))
+		w("  # A dead or cut-off member's route is closed after two unanswered")
+		w("  # pings: 4 s, where nats-server's default (2 min) keeps it looking routed.")
+		w("  ping_interval: \"2s\"")
+		w("  ping_max: 2")
 		w("  tls {")
 		w("    cert_file: %s", path(serverCert))
 		w("    key_file: %s", path(serverKey))
@@ -511,11 +516,13 @@ func writeUser(b *strings.Builder, indent, nkey string, p events.Permissions) {
 }
 
 // FanctlFile is the fanctl configuration (fanctl --config) in an
-// operator's, auditor's or the admin's bundle.
+// operator's, auditor's, status page's or the admin's bundle.
 const FanctlFile = "fanctl.yaml"
 
+// isPerson: the identity runs fanctl (people, and the status page, which is
+// fanctl serve), so its bundle holds a fanctl configuration.
 func isPerson(id identity) bool {
-	return id.Role == events.RoleOperator || id.Role == events.RoleAuditor || id.Role == events.RoleAdmin
+	return id.Role == events.RoleOperator || id.Role == events.RoleAuditor || id.Role == events.RoleViewer || id.Role == events.RoleAdmin
 }
 
 func (g *gen) configName(id identity) string {
@@ -535,6 +542,9 @@ func (g *gen) busSnippet(id identity) []byte {
 		fmt.Fprintf(&b, "cluster: %s\n", q(g.c.Cluster))
 		if id.Role == events.RoleOperator {
 			fmt.Fprintf(&b, "operator: %s\n", q(id.Name))
+		}
+		if id.Role == events.RoleViewer {
+			fmt.Fprintf(&b, "# fanctl serve: add serve: {token_file: FILE} (cmd/README.md, the status page).\n")
 		}
 		fmt.Fprintf(&b, "url: %s\nnkey_seed: %s\ntls:\n  ca: %s\n  cert: %s\n  key: %s\n",
 			q(g.urls("")), p(SeedFile(id.file())), p(caCert), p(CertFile(id.file())), p(KeyFile(id.file())))

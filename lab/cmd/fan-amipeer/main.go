@@ -26,7 +26,14 @@ import (
 	"github.com/fanpbx/fan/lab/amipeer"
 )
 
+// version is set by the Makefile (-X main.version), as for fan's services.
+var version = "dev"
+
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
+		fmt.Println("fan-amipeer", version)
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil); err != nil {

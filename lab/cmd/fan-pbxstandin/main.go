@@ -28,7 +28,14 @@ import (
 
 const defaultControl = "/run/fan-pbx/control.sock"
 
+// version is set by the Makefile (-X main.version), as for fan's services.
+var version = "dev"
+
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
+		fmt.Println("fan-pbxstandin", version)
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {

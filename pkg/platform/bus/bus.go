@@ -11,7 +11,9 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -25,7 +27,10 @@ import (
 
 // Config says how to reach the bus. Exactly one of URL or Embedded is set.
 type Config struct {
-	// URL lists servers, comma separated: nats://n1:4222,nats://n2:4222.
+	// URL lists servers, comma separated: nats://n1:4222,nats://n2:4222,
+	// in order of preference: a connection goes to the first that answers
+	// and, when lost, to the first that has not just failed (on a PBX
+	// host: this host's server, then the witness's, then the other's).
 	URL string `yaml:"url"`
 	// Creds is a JWT credentials file (operator mode); NKeySeed a seed file.
 	Creds    string    `yaml:"creds"`
@@ -35,6 +40,10 @@ type Config struct {
 	Embedded *Embedded `yaml:"embedded"`
 	// EventsMaxAge bounds how long the audit stream keeps events.
 	EventsMaxAge config.Duration `yaml:"events_max_age"`
+	// Limits is the disk each stream and bucket may take on every NATS
+	// server that holds a replica (oldest discarded first), and how long
+	// the live stream keeps live state.
+	Limits Limits `yaml:"limits"`
 	// Replicas of every stream and bucket: 1 in a lab, 3 on a production cluster.
 	Replicas int `yaml:"replicas"`
 	// LeaderServers (read by the arbiter only) names, most preferred first,
@@ -51,6 +60,10 @@ type Config struct {
 	// loopback without TLS or without an identity. Only for a throwaway lab:
 	// anyone on the path can then read and forge every event and command.
 	InsecureLab bool `yaml:"insecure_lab"`
+	// ConnectOnce (a command-line tool's, never in a file) returns the first
+	// connect error instead of retrying until the context ends: an operator
+	// whose server refuses the port learns it at once, not after --timeout.
+	ConnectOnce bool `yaml:"-"`
 }
 
 // TLSConfig enables TLS (and mutual TLS when Cert and Key are set).
@@ -83,6 +96,11 @@ type Embedded struct {
 	// than loopback with no authentication or no TLS. Only for a throwaway
 	// lab: anyone who reaches the port runs the cluster.
 	InsecureLab bool `yaml:"insecure_lab"`
+	// LogNotices logs the server's notices (routes made and lost, raft
+	// leaders elected) at info instead of debug. A server of its own
+	// (fan-nats) sets it: those lines are how an operator reconstructs what
+	// the cluster did during an outage.
+	LogNotices bool `yaml:"log_notices"`
 }
 
 // EmbeddedCluster joins the embedded server to a NATS cluster. The zero
@@ -110,9 +128,12 @@ func (e *Embedded) Validate(prefix string) error {
 		return config.Errf(key("store_dir"), "required")
 	}
 	if e.Listen != "" {
-		if _, _, err := splitHostPort(e.Listen); err != nil {
-			return config.Errf(key("listen"), "want host:port: %v", err)
+		if err := config.HostPort(key("listen"), e.Listen, true); err != nil {
+			return err
 		}
+	}
+	if err := config.CountIn(key("cluster.routes"), len(e.Cluster.Routes), 0, MaxServers); err != nil {
+		return err
 	}
 	c := e.Cluster
 	if c.Name == "" {
@@ -124,8 +145,8 @@ func (e *Embedded) Validate(prefix string) error {
 	if c.Listen == "" {
 		return config.Errf(key("cluster.listen"), "required in a cluster")
 	}
-	if _, _, err := splitHostPort(c.Listen); err != nil {
-		return config.Errf(key("cluster.listen"), "want host:port: %v", err)
+	if err := config.HostPort(key("cluster.listen"), c.Listen, true); err != nil {
+		return err
 	}
 	if e.ServerName == "" {
 		return config.Errf(key("server_name"), "required in a cluster (unique per server)")
@@ -150,6 +171,9 @@ func routeURL(r string) (*url.URL, error) {
 	if u.Host == "" || u.Port() == "" {
 		return nil, fmt.Errorf("route %q: want host:port", r)
 	}
+	if n, err := strconv.ParseUint(u.Port(), 10, 16); err != nil || n == 0 {
+		return nil, fmt.Errorf("route %q: port must be 1..65535", r)
+	}
 	return u, nil
 }
 
@@ -158,6 +182,7 @@ func (c *Config) Defaults() {
 	if c.EventsMaxAge == 0 {
 		c.EventsMaxAge = config.Duration(90 * 24 * time.Hour)
 	}
+	c.Limits.defaults()
 	if c.Replicas == 0 {
 		c.Replicas = 1
 	}
@@ -188,7 +213,64 @@ func (c *Config) Validate() error {
 	if c.Replicas < 0 || c.Replicas > 5 {
 		return config.Errf("bus.replicas", "must be 1..5, got %d", c.Replicas)
 	}
+	if err := c.validateBounds(); err != nil {
+		return err
+	}
+	if err := c.Limits.validate(); err != nil {
+		return err
+	}
 	return c.checkSecure()
+}
+
+// Bounds of the bus keys (README "bus" table). A negative max age made
+// provisioning retry forever; a ping interval below 100 ms turns a busy
+// link into a disconnect storm, above 1m a dead server goes unnoticed.
+const (
+	MinEventsMaxAge = time.Hour
+	MaxEventsMaxAge = 10 * 365 * 24 * time.Hour
+	MinPingInterval = 100 * time.Millisecond
+	MaxPingInterval = time.Minute
+	// MaxServers bounds bus.url's list and bus.embedded.cluster.routes.
+	MaxServers = 16
+)
+
+func (c *Config) validateBounds() error {
+	urls := strings.Split(c.URL, ",")
+	if c.URL == "" {
+		urls = nil
+	}
+	errs := []error{
+		config.DurationOrZero("bus.events_max_age", c.EventsMaxAge.D(), MinEventsMaxAge, MaxEventsMaxAge),
+		config.DurationOrZero("bus.ping_interval", c.PingInterval.D(), MinPingInterval, MaxPingInterval),
+		config.CountIn("bus.url", len(urls), 0, MaxServers),
+		config.CountIn("bus.leader_servers", len(c.LeaderServers), 0, MaxServers),
+	}
+	for i, u := range urls {
+		if _, err := serverURL(strings.TrimSpace(u)); err != nil {
+			errs = append(errs, config.Errf(fmt.Sprintf("bus.url[%d]", i), "%v", err))
+		}
+	}
+	return config.First(errs...)
+}
+
+// serverURL accepts what nats.go dials: host:port or scheme://host[:port].
+func serverURL(r string) (*url.URL, error) {
+	if !strings.Contains(r, "://") {
+		r = "nats://" + r
+	}
+	u, err := url.Parse(r)
+	if err != nil {
+		return nil, err
+	}
+	if u.Hostname() == "" {
+		return nil, fmt.Errorf("server %q: no host", redact(r))
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.ParseUint(p, 10, 16); err != nil || n == 0 {
+			return nil, fmt.Errorf("server %q: port must be 1..65535", redact(r))
+		}
+	}
+	return u, nil
 }
 
 // Identity names the service instance on the bus.
@@ -210,7 +292,33 @@ type Bus struct {
 	srv *server.Server
 	// refused counts messages its consumers dropped (fan_events_refused_total).
 	refused *prometheus.CounterVec
+
+	reconnectMu sync.Mutex
+	reconnectID int
+	reconnected map[int]func()
 }
+
+// onReconnect calls f after every reconnect until the returned function is
+// called. f runs on the connection's callback goroutine and must not block.
+func (b *Bus) onReconnect(f func()) (remove func()) {
+	b.reconnectMu.Lock()
+	defer b.reconnectMu.Unlock()
+	if b.reconnected == nil {
+		b.reconnected = map[int]func(){}
+	}
+	b.reconnectID++
+	id := b.reconnectID
+	b.reconnected[id] = f
+	return func() {
+		b.reconnectMu.Lock()
+		delete(b.reconnected, id)
+		b.reconnectMu.Unlock()
+	}
+}
+
+// reconnectWait is how long a connection waits before dialling again once
+// every server has failed (plus jitter).
+const reconnectWait = 250 * time.Millisecond
 
 // Connect dials the bus (starting the embedded server first if configured).
 // It keeps retrying while ctx lives: a service that starts before NATS waits
@@ -221,14 +329,17 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		return nil, err
 	}
 	b := &Bus{cfg: cfg, id: id, log: log, refused: newRefusedCounter()}
-	opts := []nats.Option{
-		nats.Name("fan-" + id.Service + "-" + id.Node),
+	// bus.url is an order of preference (serverOrder).
+	order := newServerOrder(cfg.URL, reconnectWait)
+	opts := append(order.options(),
+		nats.Name("fan-"+id.Service+"-"+id.Node),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectWait(reconnectWait),
 		nats.ReconnectJitter(100*time.Millisecond, time.Second),
 		// No reconnect buffer: a command or event published while
 		// disconnected must fail now, not be delivered late and stale
-		// after the reconnect (research/nats_patterns.md §6).
+		// after the reconnect (the client would otherwise hold up to 8 MB
+		// of them and send them all once it is back, whatever their age).
 		nats.ReconnectBufSize(-1),
 		nats.PingInterval(cfg.PingInterval.D()),
 		nats.MaxPingsOutstanding(2),
@@ -236,13 +347,19 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 			log.Warn("bus disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
+			order.connected()
 			log.Info("bus reconnected", "server", nc.ConnectedUrlRedacted())
+			b.reconnectMu.Lock()
+			defer b.reconnectMu.Unlock()
+			for _, f := range b.reconnected {
+				f()
+			}
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { log.Info("bus connection closed") }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			log.Warn("bus async error", "err", err)
 		}),
-	}
+	)
 	if cfg.Creds != "" {
 		opts = append(opts, nats.UserCredentials(cfg.Creds))
 	}
@@ -284,6 +401,10 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		nc, err = nats.Connect(url, opts...)
 		if err == nil {
 			break
+		}
+		if cfg.ConnectOnce {
+			b.shutdownServer()
+			return nil, fmt.Errorf("bus connect %s: %w", redact(url), err)
 		}
 		log.Warn("bus connect failed, retrying", "url", redact(url), "err", err, "retry_in", backoff)
 		select {
@@ -401,9 +522,6 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 			return nil, fmt.Errorf("embedded nats cluster listen %q: %w", c.Listen, err)
 		}
 		opts.Cluster.Name, opts.Cluster.Host, opts.Cluster.Port = c.Name, host, port
-		// A dead member's route is noticed by its pings going unanswered;
-		// the 2 min default would keep a cut-off server looking routed.
-		opts.Cluster.PingInterval, opts.Cluster.MaxPingsOut = routePingInterval, 2
 		for _, r := range c.Routes {
 			u, err := routeURL(r)
 			if err != nil {
@@ -412,6 +530,12 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 			opts.Routes = append(opts.Routes, u)
 		}
 	}
+	// A dead member's route is noticed by its pings going unanswered; the
+	// 2 min default would keep a cut-off server looking routed. A server
+	// configuration file that sets its own timing keeps it.
+	if opts.Cluster.Port != 0 && opts.Cluster.PingInterval == 0 {
+		opts.Cluster.PingInterval, opts.Cluster.MaxPingsOut = routePingInterval, 2
+	}
 	if err := checkListeners(opts, e.InsecureLab); err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
@@ -419,7 +543,11 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("embedded nats: %w", err)
 	}
-	srv.SetLoggerV2(serverLogger{log.With("component", "nats-server")}, false, false, false)
+	notice := slog.LevelDebug
+	if e.LogNotices {
+		notice = slog.LevelInfo
+	}
+	srv.SetLoggerV2(serverLogger{l: log.With("component", "nats-server"), notice: notice}, false, false, false)
 	go srv.Start()
 	if !srv.ReadyForConnections(10 * time.Second) {
 		srv.Shutdown()
@@ -430,14 +558,19 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 
 // serverLogger adapts nats-server's logger to slog. Fatalf must not exit the
 // process: the embedding service decides how to stop.
-type serverLogger struct{ l *slog.Logger }
+type serverLogger struct {
+	l      *slog.Logger
+	notice slog.Level
+}
 
-func (s serverLogger) Noticef(f string, v ...any) { s.l.Debug(fmt.Sprintf(f, v...)) }
-func (s serverLogger) Warnf(f string, v ...any)   { s.l.Warn(fmt.Sprintf(f, v...)) }
-func (s serverLogger) Fatalf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
-func (s serverLogger) Errorf(f string, v ...any)  { s.l.Error(fmt.Sprintf(f, v...)) }
-func (s serverLogger) Debugf(f string, v ...any)  {}
-func (s serverLogger) Tracef(f string, v ...any)  {}
+func (s serverLogger) Noticef(f string, v ...any) {
+	s.l.Log(context.Background(), s.notice, fmt.Sprintf(f, v...))
+}
+func (s serverLogger) Warnf(f string, v ...any)  { s.l.Warn(fmt.Sprintf(f, v...)) }
+func (s serverLogger) Fatalf(f string, v ...any) { s.l.Error(fmt.Sprintf(f, v...)) }
+func (s serverLogger) Errorf(f string, v ...any) { s.l.Error(fmt.Sprintf(f, v...)) }
+func (s serverLogger) Debugf(f string, v ...any) {}
+func (s serverLogger) Tracef(f string, v ...any) {}
 
 // seedPublicKey reads an nkey seed file and returns its public key.
 func seedPublicKey(path string) (string, error) {

@@ -17,6 +17,7 @@ import (
 // pkg/events).
 const (
 	EventsStream   = events.EventsStream
+	LiveStream     = events.LiveStream
 	CommandsStream = events.CommandsStream
 	StateBucket    = events.StateBucket
 )
@@ -36,14 +37,18 @@ const CommandDedupeWindow = 10 * time.Minute
 func (b *Bus) eventsConfig() jetstream.StreamConfig {
 	return jetstream.StreamConfig{
 		Name:        EventsStream,
-		Description: "fan audit trail: every observation, decision and result",
-		Subjects:    []string{events.AllEvents()},
+		Description: "fan audit trail: what explains every move (transitions, decisions, commands, results, permits, operator actions)",
+		Subjects:    events.AuditStreamSubjects(),
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      b.cfg.EventsMaxAge.D(),
-		Storage:     jetstream.FileStorage,
-		Replicas:    b.cfg.Replicas,
-		Duplicates:  2 * time.Minute,
+		// Discard-old is the server's own limit enforcement, which
+		// DenyDelete and DenyPurge do not prevent: the trail never fills
+		// a disk, and fan_stream_bytes warns well before it forgets.
+		MaxBytes:   b.cfg.Limits.EventsMiB * mib,
+		Storage:    jetstream.FileStorage,
+		Replicas:   b.cfg.Replicas,
+		Duplicates: 2 * time.Minute,
 		// Nobody removes anything from the trail: neither a message nor,
 		// by a purge, all of them.
 		DenyDelete: true,
@@ -51,6 +56,24 @@ func (b *Bus) eventsConfig() jetstream.StreamConfig {
 		// Streams cannot share subjects, so the audit stream sources the
 		// command stream to keep every command after it has been consumed.
 		Sources: []*jetstream.StreamSource{{Name: CommandsStream, FilterSubject: events.AllCommands()}},
+	}
+}
+
+// liveConfig is the stream of live state: heartbeats and raw probe results,
+// restated every second or so. It is kept for hours (what `fanctl explain`
+// and the status page want of it), not months.
+func (b *Bus) liveConfig() jetstream.StreamConfig {
+	return jetstream.StreamConfig{
+		Name:        LiveStream,
+		Description: "fan live state: heartbeats and probe results, kept for hours",
+		Subjects:    events.LiveStreamSubjects(),
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      b.cfg.Limits.LiveMaxAge.D(),
+		MaxBytes:    b.cfg.Limits.LiveMiB * mib,
+		Storage:     jetstream.FileStorage,
+		Replicas:    b.cfg.Replicas,
+		Duplicates:  2 * time.Minute,
 	}
 }
 
@@ -67,6 +90,8 @@ func (b *Bus) commandsConfig() jetstream.StreamConfig {
 		// 2.15.2). Each executor's durable consumer tracks its own position,
 		// and the per-message TTL removes a command at its deadline.
 		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxBytes:    b.cfg.Limits.CommandsMiB * mib,
 		Storage:     jetstream.FileStorage,
 		Replicas:    b.cfg.Replicas,
 		MaxAge:      time.Hour,
@@ -84,6 +109,7 @@ func (b *Bus) stateConfig() jetstream.KeyValueConfig {
 		Bucket:      StateBucket,
 		Description: "fan cluster state: holders per group, registry",
 		History:     5,
+		MaxBytes:    b.cfg.Limits.StateMiB * mib,
 		Storage:     jetstream.FileStorage,
 		Replicas:    b.cfg.Replicas,
 	}
@@ -102,9 +128,14 @@ func (b *Bus) Provision(ctx context.Context) error {
 		if err := b.ensureStream(ctx, b.eventsConfig()); err != nil {
 			return err
 		}
+		if err := b.ensureStream(ctx, b.liveConfig()); err != nil {
+			return err
+		}
 		if _, err := b.JS.KeyValue(ctx, StateBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
 			if _, err := b.JS.CreateKeyValue(ctx, b.stateConfig()); err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
 				return fmt.Errorf("create bucket %s: %w", StateBucket, err)
+			} else if err == nil {
+				return b.discardOld(ctx, events.KVStreamName(StateBucket))
 			}
 		} else if err != nil {
 			return fmt.Errorf("bucket %s: %w", StateBucket, err)
@@ -139,6 +170,25 @@ func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) err
 	return nil
 }
 
+// discardOld turns a bucket's stream to discard its oldest revisions at its
+// byte limit: the library creates buckets that refuse new writes instead,
+// and a state bucket refusing the holder's record would stop failover.
+func (b *Bus) discardOld(ctx context.Context, stream string) error {
+	s, err := b.JS.Stream(ctx, stream)
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", stream, err)
+	}
+	cfg := s.CachedInfo().Config
+	if cfg.Discard == jetstream.DiscardOld {
+		return nil
+	}
+	cfg.Discard = jetstream.DiscardOld
+	if _, err := b.JS.UpdateStream(ctx, cfg); err != nil {
+		return fmt.Errorf("stream %s: discard old at the byte limit: %w", stream, err)
+	}
+	return nil
+}
+
 // streamDiff names the settings that matter for fan's guarantees.
 func streamDiff(have, want jetstream.StreamConfig) string {
 	switch {
@@ -148,6 +198,8 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 		return fmt.Sprintf("retention %v, want %v", have.Retention, want.Retention)
 	case have.MaxAge != want.MaxAge:
 		return fmt.Sprintf("max age %v, want %v", have.MaxAge, want.MaxAge)
+	case have.MaxBytes != want.MaxBytes || have.Discard != want.Discard:
+		return fmt.Sprintf("max bytes %d discarding %v, want %d discarding %v", have.MaxBytes, have.Discard, want.MaxBytes, want.Discard)
 	case have.Replicas != want.Replicas:
 		return fmt.Sprintf("replicas %d, want %d", have.Replicas, want.Replicas)
 	case have.DenyDelete != want.DenyDelete || have.DenyPurge != want.DenyPurge:

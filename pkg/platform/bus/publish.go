@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -42,10 +43,39 @@ func (b *Bus) Publish(ctx context.Context, env events.Envelope, p events.Payload
 		}
 		opts = append(opts, jetstream.WithMsgTTL(ceilSecond(ttl)))
 	}
-	if _, err := b.JS.Publish(ctx, subject, data, append(opts, extra...)...); err != nil {
-		return fmt.Errorf("publish %s %s on %s: %w", env.Type, env.ID, subject, err)
+	opts = append(opts, extra...)
+	for {
+		err := b.publishOnce(ctx, subject, data, opts)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil || !unanswered(err) {
+			return fmt.Errorf("publish %s %s on %s: %w", env.Type, env.ID, subject, err)
+		}
+		b.log.Debug("publish unanswered; sending again", "type", env.Type, "event_id", env.ID, "err", err)
 	}
-	return nil
+}
+
+// PublishAttempt bounds how long one publish waits for its stream's answer.
+// A replicated stream whose leader is moving drops what it receives without
+// a word, so an answer that has not come by then is not coming: the same
+// envelope is sent again under the same Nats-Msg-Id, which the stream stores
+// once (its duplicate check runs before any expected-sequence condition, so
+// a fenced publish that was stored answers as a duplicate, not a conflict).
+const PublishAttempt = time.Second
+
+func (b *Bus) publishOnce(ctx context.Context, subject string, data []byte, opts []jetstream.PublishOpt) error {
+	actx, cancel := context.WithTimeout(ctx, PublishAttempt)
+	defer cancel()
+	_, err := b.JS.Publish(actx, subject, data, opts...)
+	return err
+}
+
+// unanswered reports a publish that may not have reached a stream leader:
+// worth sending again. A refusal by the stream is an answer and is not.
+func unanswered(err error) bool {
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrTimeout)
 }
 
 // ceilSecond rounds up to the server's TTL granularity (whole seconds, at

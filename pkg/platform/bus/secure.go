@@ -61,6 +61,10 @@ func loopbackURL(raw string) bool {
 	return loopbackHost(u.Hostname())
 }
 
+// IsLoopbackHost reports whether host is a loopback name or address, the
+// test every listener that may skip TLS applies.
+func IsLoopbackHost(host string) bool { return loopbackHost(host) }
+
 // loopbackHost reports whether host is a loopback name or address. An empty
 // host or 0.0.0.0 listens on every interface, so it is not.
 func loopbackHost(host string) bool {

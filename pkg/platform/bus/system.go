@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"time"
 
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/nats-io/nats.go"
@@ -58,17 +57,20 @@ func ConnectSystem(cfg Config, name string, log *slog.Logger) (*nats.Conn, error
 	if sys == nil {
 		return nil, nil
 	}
-	opts := []nats.Option{
+	// The same servers in the same order as the service's own connection.
+	order := newServerOrder(cfg.URL, reconnectWait)
+	opts := append(order.options(),
 		nats.Name(name),
 		nats.MaxReconnects(-1),
-		nats.ReconnectWait(250 * time.Millisecond),
+		nats.ReconnectWait(reconnectWait),
+		nats.ReconnectHandler(func(*nats.Conn) { order.connected() }),
 		nats.ReconnectBufSize(-1),
 		// The first servers may be down when the arbiter starts.
 		nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			log.Warn("system account connection error", "err", err)
 		}),
-	}
+	)
 	switch {
 	case sys.Creds != "":
 		opts = append(opts, nats.UserCredentials(sys.Creds))

@@ -16,6 +16,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -37,6 +38,21 @@ type Options struct {
 // without starting anything, so --check-config can use it too.
 type Builder func(opts Options) (Service, error)
 
+// Commit is the commit a release binary was built from; the Makefile sets it
+// (-X) next to main.version. Empty in a plain `go build`.
+var Commit string
+
+// VersionLine is what --version prints: the name, the release version
+// (v0.1.0, or git describe's v0.1.0-3-gabc1234 between tags), the commit and
+// the Go toolchain, so a bug report names exactly what ran.
+func VersionLine(name, version string) string {
+	commit := Commit
+	if commit == "" {
+		commit = "unknown"
+	}
+	return fmt.Sprintf("%s %s (commit %s, %s %s/%s)", name, version, commit, runtime.Version(), runtime.GOOS, runtime.GOARCH)
+}
+
 // Run is the whole body of a fan binary's main: it returns the exit code.
 func Run(args []string, name, version, defaultConfig string, build Builder) int {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
@@ -50,7 +66,7 @@ func Run(args []string, name, version, defaultConfig string, build Builder) int 
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(os.Stdout, name, version)
+		fmt.Fprintln(os.Stdout, VersionLine(name, version))
 		return 0
 	}
 	if *check && fs.NArg() == 1 {

@@ -8,10 +8,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/bus"
 )
 
 // notifySocket is a real unix datagram socket standing in for systemd's.
@@ -259,5 +263,59 @@ func TestCommonRestartKeys(t *testing.T) {
 	var rr *RestartRequired
 	if err := error(&RestartRequired{Keys: got}); !errors.As(errors.Join(errors.New("x"), err), &rr) || rr.Error() != "restart needed to apply: bus, http_listen" {
 		t.Fatalf("RestartRequired %v", err)
+	}
+}
+
+func TestVersionLine(t *testing.T) {
+	Commit = "0123456789ab"
+	defer func() { Commit = "" }()
+	got := VersionLine("fan-arbiter", "v0.1.0-3-g0123456")
+	if !strings.HasPrefix(got, "fan-arbiter v0.1.0-3-g0123456 (commit 0123456789ab, go") || !strings.HasSuffix(got, runtime.GOOS+"/"+runtime.GOARCH+")") {
+		t.Fatalf("VersionLine = %q", got)
+	}
+	Commit = ""
+	if got := VersionLine("fan-prober", "dev"); !strings.Contains(got, "(commit unknown,") {
+		t.Fatalf("without a commit: %q", got)
+	}
+}
+
+// TestCommonRefusesMissingBusFiles: every credential and certificate the
+// bus section names must be there; the error names the key.
+func TestCommonRefusesMissingBusFiles(t *testing.T) {
+	dir := t.TempDir()
+	seed := filepath.Join(dir, "svc.nk")
+	if err := os.WriteFile(seed, []byte("x"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := func() Common {
+		return Common{Cluster: "lab", Node: "n1"}
+	}
+	c := base()
+	c.Bus.URL, c.Bus.NKeySeed = "nats://127.0.0.1:4222", seed
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.CheckFiles(); err != nil {
+		t.Fatalf("present seed refused: %v", err)
+	}
+	for key, set := range map[string]func(*Common, string){
+		"bus.nkey_seed":        func(c *Common, p string) { c.Bus.NKeySeed = p },
+		"bus.creds":            func(c *Common, p string) { c.Bus.Creds = p },
+		"bus.tls.ca":           func(c *Common, p string) { c.Bus.TLS.CA = p },
+		"bus.tls.cert":         func(c *Common, p string) { c.Bus.TLS.Cert, c.Bus.TLS.Key = p, seed },
+		"bus.tls.key":          func(c *Common, p string) { c.Bus.TLS.Cert, c.Bus.TLS.Key = seed, p },
+		"bus.system.nkey_seed": func(c *Common, p string) { c.Bus.System = &bus.SystemAccount{NKeySeed: p} },
+	} {
+		c := base()
+		c.Bus.URL = "nats://127.0.0.1:4222"
+		missing := filepath.Join(dir, "missing-"+key)
+		set(&c, missing)
+		if err := c.Validate(); err != nil {
+			t.Fatalf("%s: %v", key, err)
+		}
+		err := c.CheckFiles()
+		if err == nil || !strings.HasPrefix(err.Error(), key+": "+missing+": no such file") {
+			t.Errorf("%s missing: %v", key, err)
+		}
 	}
 }

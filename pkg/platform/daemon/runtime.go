@@ -32,6 +32,12 @@ type Common struct {
 	ShutdownTimeout config.Duration `yaml:"shutdown_timeout"`
 }
 
+// Bounds of shutdown_timeout.
+const (
+	MinShutdownTimeout = 100 * time.Millisecond
+	MaxShutdownTimeout = 5 * time.Minute
+)
+
 // Validate checks the common keys.
 func (c *Common) Validate() error {
 	if err := events.ValidToken("cluster", c.Cluster); err != nil {
@@ -46,6 +52,37 @@ func (c *Common) Validate() error {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = config.Duration(10 * time.Second)
+	}
+	// Half of it bounds the outbox drain: below 100ms nothing drains, and
+	// systemd's own stop timeout (90 s by default) should stay the longer.
+	if err := config.DurationIn("shutdown_timeout", c.ShutdownTimeout.D(), MinShutdownTimeout, MaxShutdownTimeout); err != nil {
+		return err
+	}
+	if c.HTTPListen != "" {
+		return config.HostPort("http_listen", c.HTTPListen, true)
+	}
+	return nil
+}
+
+// CheckFiles requires every credential and certificate the bus section
+// names to be there and readable, so -check-config refuses a missing one by
+// its key instead of the service failing to connect after it started. Each
+// service's Build calls it, not Validate: a configuration is also validated
+// where its paths are not this host's (tests, fanctl replay).
+func (c *Common) CheckFiles() error {
+	b := c.Bus
+	files := []struct{ key, path string }{
+		{"bus.creds", b.Creds}, {"bus.nkey_seed", b.NKeySeed},
+		{"bus.tls.ca", b.TLS.CA}, {"bus.tls.cert", b.TLS.Cert}, {"bus.tls.key", b.TLS.Key},
+	}
+	if b.System != nil {
+		files = append(files, struct{ key, path string }{"bus.system.creds", b.System.Creds},
+			struct{ key, path string }{"bus.system.nkey_seed", b.System.NKeySeed})
+	}
+	for _, f := range files {
+		if err := config.FileReadable(f.key, f.path); err != nil {
+			return err
+		}
 	}
 	return nil
 }
@@ -74,6 +111,7 @@ type Runtime struct {
 	sup        *supervisor
 	micro      micro.Service
 	started    time.Time
+	announced  time.Time
 }
 
 // Start connects to the bus, provisions fan's streams, serves /metrics and
@@ -117,7 +155,7 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 	if err := rt.startDiscovery(); err != nil {
 		log.Warn("not discoverable with nats micro", "err", err)
 	}
-	rt.announce(ctx, events.ServiceStarted)
+	rt.announced = rt.announce(ctx, events.ServiceStarted)
 	rt.ready.Store(true)
 	rt.sup.send(NotifyReady, "STATUS=running")
 	return rt, nil
@@ -154,13 +192,24 @@ func (rt *Runtime) Close(ctx context.Context) {
 	rt.stopHTTP()
 }
 
-func (rt *Runtime) announce(ctx context.Context, state events.ServiceState) {
+// Announced is the time its start announcement carries, zero if it was not
+// stored. A service that must read everything published since it said it
+// started (and no more: a replay of its decisions begins there) watches
+// from it (bus.WatchOptions.Since).
+func (rt *Runtime) Announced() time.Time { return rt.announced }
+
+// announce publishes the service's state and returns the announcement's
+// time, zero when it was not stored.
+func (rt *Runtime) announce(ctx context.Context, state events.ServiceState) time.Time {
 	a := events.ServiceAnnounce{Service: rt.service, Node: rt.common.Node, Version: rt.version, State: state}
 	actx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()
-	if _, err := rt.Bus.Emit(actx, a); err != nil {
+	env, err := rt.Bus.Emit(actx, a)
+	if err != nil {
 		rt.Log.Warn("announce failed", "state", state, "err", err)
+		return time.Time{}
 	}
+	return env.Time
 }
 
 func (rt *Runtime) serveHTTP(addr string) error {

@@ -60,22 +60,7 @@ func Connect(t testing.TB, s *server.Server, id bus.Identity) *bus.Bus {
 // shut down by the test stay down; Restart brings one back.
 func Cluster(t testing.TB, names ...string) *TestCluster {
 	t.Helper()
-	c := &TestCluster{t: t, specs: map[string]bus.Embedded{}, Servers: map[string]*server.Server{}}
-	routes := make([]string, len(names))
-	clientPorts := make([]int, len(names))
-	for i := range names {
-		routes[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		clientPorts[i] = freePort(t)
-	}
-	for i, name := range names {
-		c.Names = append(c.Names, name)
-		c.specs[name] = bus.Embedded{
-			StoreDir:   filepath.Join(t.TempDir(), name),
-			Listen:     fmt.Sprintf("127.0.0.1:%d", clientPorts[i]),
-			ServerName: name,
-			Cluster:    bus.EmbeddedCluster{Name: "fan-test", Listen: routes[i], Routes: routes},
-		}
-	}
+	c := &TestCluster{t: t, specs: memberSpecs(t, t.TempDir(), names), Names: names, Servers: map[string]*server.Server{}}
 	var wg sync.WaitGroup
 	errs := make([]error, len(names))
 	for i, name := range names {
@@ -117,13 +102,39 @@ func (c *TestCluster) start(name string) error {
 
 // URL lists every member's client address, in the order of names given
 // (the first one first), as a service's bus.url does.
-func (c *TestCluster) URL(names ...string) string {
+func (c *TestCluster) URL(names ...string) string { return clusterURL(c.specs, c.Names, names) }
+
+// memberSpecs gives each named member a client port, a route port and a
+// store under dir, every member routed to all.
+func memberSpecs(t testing.TB, dir string, names []string) map[string]bus.Embedded {
+	t.Helper()
+	routes := make([]string, len(names))
+	clientPorts := make([]int, len(names))
+	for i := range names {
+		routes[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		clientPorts[i] = freePort(t)
+	}
+	specs := map[string]bus.Embedded{}
+	for i, name := range names {
+		specs[name] = bus.Embedded{
+			StoreDir:   filepath.Join(dir, name),
+			Listen:     fmt.Sprintf("127.0.0.1:%d", clientPorts[i]),
+			ServerName: name,
+			Cluster:    bus.EmbeddedCluster{Name: "fan-test", Listen: routes[i], Routes: routes},
+		}
+	}
+	return specs
+}
+
+// clusterURL lists the client addresses of names (all, in order, when none
+// are given).
+func clusterURL(specs map[string]bus.Embedded, all, names []string) string {
 	if len(names) == 0 {
-		names = c.Names
+		names = all
 	}
 	var urls []string
 	for _, n := range names {
-		urls = append(urls, "nats://"+c.specs[n].Listen)
+		urls = append(urls, "nats://"+specs[n].Listen)
 	}
 	return strings.Join(urls, ",")
 }

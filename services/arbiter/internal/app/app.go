@@ -35,11 +35,11 @@ import (
 // always goes to the same worker, so its own heartbeats never race.
 const registryWorkers = 4
 
-// defaultTickEvery drives the core's timers (claim timeouts, silence). It
-// bounds how late a timer fires, such as a silence by missed presence
-// beacons, so it is a fraction of the beacon interval; it does not delay a
-// health transition, which is handled as it arrives. A tick costs
-// microseconds per group.
+// defaultTickEvery drives the core's timers that no input announces
+// (stability, settle, backoff expiry). A holder's silence and a claim's
+// deadline do not wait for it: the loop also ticks at the instant the core
+// names (Core.Wake). It does not delay a health transition, which is
+// handled as it arrives. A tick costs microseconds per group.
 const defaultTickEvery = 25 * time.Millisecond
 
 // statusRefresh rewrites group status at least this often so fanctl shows
@@ -62,6 +62,7 @@ type Service struct {
 
 	lastStatus map[string]events.GroupStatus
 	statusAt   time.Time
+	status     *statusWriter
 
 	// Every state in which this replica holds the lease but cannot
 	// command is bounded by cfg.RestoreWithin (see README, "How it fails").
@@ -80,6 +81,10 @@ type Service struct {
 	// this replica may campaign again.
 	releasedUntil time.Time
 	metrics       *arbiterMetrics
+	state         *stateMetrics
+	// watch reads the audit stream's inputs (nil: the bus's Watch); a
+	// test replaces it to end it early.
+	watch func(context.Context, bus.WatchOptions, bus.EventHandler) error
 }
 
 // Build loads and validates the configuration; it starts nothing.
@@ -87,6 +92,12 @@ func Build(o daemon.Options) (daemon.Service, error) {
 	var cfg Config
 	if err := config.Load(o.ConfigPath, &cfg); err != nil {
 		return nil, err
+	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
+	}
+	if err := cfg.Notify.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	s, err := New(cfg, o.Logger, o.Version)
 	if err != nil {
@@ -117,6 +128,11 @@ func (s *Service) Run(ctx context.Context) error {
 		s.conds = rt.Conditions
 		s.conds.Declare(condRestoreFailed, condStateUnwritable)
 		s.metrics = newArbiterMetrics(rt.Metrics)
+		groups := make([]string, len(s.cfg.Groups))
+		for i, g := range s.cfg.Groups {
+			groups[i] = g.Name
+		}
+		s.state = newStateMetrics(rt.Metrics, groups)
 		s.restoring.within, s.unwritable.within = s.cfg.RestoreWithin.D(), s.cfg.RestoreWithin.D()
 		kv, err := rt.Bus.StateKV(ctx)
 		if err != nil {
@@ -139,33 +155,28 @@ func (s *Service) Run(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
+		// Every actor below is essential: an arbiter whose watch ended would
+		// hold the lease deciding on nothing, so any of them ending ends the
+		// service, and systemd restarts it. They are added in the order they
+		// stop (daemon.Group): the decision loop below ends first, then the
+		// inputs (watches, registry, weights), and the lease last, so nothing
+		// is decided under a lease already given up. The presence announcer
+		// and the leader steward run until the group begins to stop.
+		g, ctx := daemon.NewGroup(ctx)
 		presenceDone := make(chan struct{})
 		go func(ctx context.Context) { s.announcePresence(ctx, rt.Bus); close(presenceDone) }(ctx)
 		defer func() { <-presenceDone }()
 		s.lease = l
 		defer s.runSteward(ctx, rt)()
+		defer s.runUsage(ctx, rt)()
 		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Outbox.Emit, s.log)
 		if hh := s.cfg.HTTPHeartbeat; hh.Listen != "" {
-			stop, err := s.serveHeartbeats(hh, rt.Bus.Emit)
+			stop, err := s.serveHeartbeats(hh, rt.Bus.Emit, rt.Metrics)
 			if err != nil {
 				return err
 			}
 			defer stop()
 		}
-		// Every goroutine below is essential: an arbiter whose watch ended
-		// would hold the lease deciding on nothing, so any of them ending
-		// ends the service, and systemd restarts it.
-		g, ctx := daemon.NewGroup(ctx)
-		g.Go("registry", s.runRegistry)
-		g.Go("weights", func(ctx context.Context) error {
-			if !slices.ContainsFunc(s.cfg.Groups, func(g GroupConfig) bool { return g.Weights.Enabled }) {
-				<-ctx.Done() // nothing to track: runWeights returns at once
-				return nil
-			}
-			s.runWeights(ctx)
-			return nil
-		})
-
 		// Operator requests: every replica listens, only the leader answers
 		// (a follower stays silent so that it never races the leader's reply).
 		ops := make(chan *nats.Msg, 16)
@@ -211,8 +222,17 @@ func (s *Service) Run(ctx context.Context) error {
 			case <-ctx.Done():
 			}
 		}
+		watch := s.watch
+		if watch == nil {
+			watch = rt.Bus.Watch
+		}
+		// The inputs are read from the start announcement on, not from when
+		// the watch's consumers happen to exist (on a loaded host, a second
+		// later): nothing published meanwhile is missed, and a replay that
+		// begins at the announcement (fanctl replay) feeds exactly what
+		// this replica read.
 		g.Go("watch", func(ctx context.Context) error {
-			return rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{
+			return watch(ctx, bus.WatchOptions{Since: rt.Announced(), Subjects: []string{
 				events.AllHealth(s.cfg.Cluster), events.AllHeartbeats(s.cfg.Cluster),
 				events.AllCommandResults(s.cfg.Cluster), events.AllReplication(s.cfg.Cluster),
 			}}, toCore)
@@ -223,10 +243,56 @@ func (s *Service) Run(ctx context.Context) error {
 		g.Go("watch_permits", func(ctx context.Context) error {
 			return rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllPermits(s.cfg.Cluster)}, LastPerSubject: true}, toCore)
 		})
+		g.Go("registry", s.runRegistry)
+		s.status = newStatusWriter(kv, s.cfg.Cluster, func(epoch uint64) bool { return l.Leading() && l.Epoch() == epoch }, s.log)
+		g.Go("status", func(ctx context.Context) error { s.status.run(ctx); return nil })
+		g.Go("weights", func(ctx context.Context) error {
+			if !slices.ContainsFunc(s.cfg.Groups, func(g GroupConfig) bool { return g.Weights.Enabled }) {
+				<-ctx.Done() // nothing to track: runWeights returns at once
+				return nil
+			}
+			s.runWeights(ctx)
+			return nil
+		})
+		if err := s.runNotify(ctx, g, rt, l); err != nil {
+			return err
+		}
 		g.Go("lease", func(ctx context.Context) error { l.Run(ctx, changes); return nil })
 
 		t := time.NewTicker(s.cfg.Policy.TickEvery.D())
 		defer t.Stop()
+		// wake ticks the core once more at the moment it named (Core.Wake):
+		// the end of a holder's silence limit, a claim's deadline. Re-armed
+		// after every input, since a beacon moves the holder's.
+		wake := time.NewTimer(time.Hour)
+		defer wake.Stop()
+		var armed time.Time
+		// heard gives the core every beacon already received before a tick
+		// judges silence: select picks among ready cases at random, and on a
+		// busy host a beacon that came in time can sit in the channel while
+		// the timer fires; judged without it, a live holder looks silent.
+		heard := func() {
+			for {
+				select {
+				case b := <-beacons:
+					s.execute(ctx, s.core.Beacon(time.Now(), b))
+				default:
+					return
+				}
+			}
+		}
+		rearm := func(now time.Time) {
+			w := s.core.Wake(now)
+			if w.Equal(armed) {
+				return
+			}
+			armed = w
+			if w.IsZero() {
+				wake.Stop()
+				return
+			}
+			wake.Reset(w.Sub(now))
+		}
 		// The watchdog counts the decision loop alive while it ticks; a
 		// loop stuck in a publish for seconds is worth a restart.
 		alive := rt.Loop("decide", 10*time.Second)
@@ -242,20 +308,59 @@ func (s *Service) Run(ctx context.Context) error {
 				}()
 				return g.Wait()
 			case in := <-inputs:
-				s.execute(ctx, s.core.Handle(time.Now(), in.env, in.p))
+				// Group commit: the inputs already waiting are decided
+				// with this one, and their state is persisted once before
+				// any of their commands leaves. Persisting and publishing
+				// the status walk every group, so one round per input made
+				// a burst (a thousand nodes starting) cost groups squared.
+				s.state.observed(in.p, s.commanding())
+				now := time.Now()
+				out := s.core.Handle(now, in.env, in.p)
+				for range maxBatch - 1 {
+					select {
+					case in = <-inputs:
+						s.state.observed(in.p, s.commanding())
+						out.Emits = append(out.Emits, s.core.Handle(now, in.env, in.p).Emits...)
+						continue
+					default:
+					}
+					break
+				}
+				s.execute(ctx, out)
+				rearm(now)
 			case b := <-beacons:
-				s.execute(ctx, s.core.Beacon(time.Now(), b))
+				now := time.Now()
+				out := s.core.Beacon(now, b)
+				s.execute(ctx, out)
+				// A beacon moves only its node's silence limit, and later:
+				// an armed timer then fires early at worst and re-arms.
+				// Re-arming walks every group, which at ten beacons a
+				// second per node is the loop's largest cost; a beacon
+				// that decided something, or no timer armed, re-arms.
+				if armed.IsZero() || len(out.Emits) > 0 {
+					rearm(now)
+				}
 			case m := <-ops:
 				s.operate(ctx, m)
+				rearm(time.Now())
 			case ch, ok := <-changes:
 				if ok {
 					s.leadership(ctx, ch)
+					rearm(time.Now())
 				}
+			case <-wake.C:
+				armed = time.Time{}
+				heard()
+				now := time.Now()
+				s.execute(ctx, s.core.Tick(now))
+				rearm(now)
 			case now := <-t.C:
 				alive.Alive()
 				s.retryStuck(ctx, now)
+				heard()
 				s.execute(ctx, s.core.Tick(now))
-				s.writeStatus(ctx, now)
+				s.publishStatus(now)
+				rearm(now)
 			}
 		}
 	})
@@ -325,6 +430,7 @@ func (s *Service) tryRestore(ctx context.Context, now time.Time) {
 	}
 	s.commandEpoch = epoch
 	s.log.Info("leadership", "leading", true, "epoch", epoch)
+	s.recordTerm(epoch)
 	s.reissueUnsentClaims(ctx, st)
 }
 
@@ -360,10 +466,12 @@ func (s *Service) giveUp(ctx context.Context, now time.Time, reason string) {
 	s.restoring.reset()
 	s.unwritable.reset()
 	holdOff := s.cfg.LeaseTTL.D()
+	// Counted first: once the lease is gone another replica, or an
+	// operator reading /metrics, may look, and the count must be there.
+	s.metrics.releases.WithLabelValues(reason).Inc()
 	s.lease.Release(ctx, holdOff, reason)
 	s.releasedUntil = now.Add(holdOff)
 	s.commandEpoch = 0
-	s.metrics.releases.WithLabelValues(reason).Inc()
 	if err := s.core.SetLeadership(epoch, false); err != nil {
 		s.log.Error("leadership change refused by the core", "epoch", epoch, "err", err)
 	}
@@ -541,12 +649,18 @@ func (s *Service) operate(ctx context.Context, m *nats.Msg) {
 		s.log.Info("operator request names someone else; recorded as its subject's operator", "operator", op, "claimed_operator", req.Operator)
 	}
 	req.Operator = op
+	if req.Cancel && req.Node == "" {
+		// The record names the move being cancelled, so that a reader
+		// that requires a switchover's node still takes it.
+		req.Node = s.core.PlannedTarget(req.Group)
+	}
 	if err := req.Validate(); err != nil {
 		refuse(op, err)
 		return
 	}
 	requested := events.OperatorAction{Verb: req.Verb, Group: req.Group, Node: req.Node, Reason: req.Reason, Operator: op,
-		Comment: req.Comment, Outcome: "requested; not yet decided", Stage: events.StageRequested}
+		Comment: req.Comment, Outcome: "requested; not yet decided", Stage: events.StageRequested,
+		Drain: req.Drain, WithinMS: req.WithinMS, Cancel: req.Cancel}
 	rctx, cancel := context.WithTimeout(ctx, operatorRecordTimeout)
 	renv, err := s.bus.Emit(rctx, requested, events.WithEpoch(s.lease.Epoch()))
 	cancel()
@@ -569,6 +683,11 @@ func (s *Service) operate(ctx context.Context, m *nats.Msg) {
 		"comment", req.Comment, "accepted", rep.Accepted, "outcome", rep.Message, "event_id", id, "requested_id", renv.ID)
 	reply(r)
 }
+
+// maxBatch bounds the inputs decided in one round before their state is
+// persisted and their commands published, so a flood of inputs cannot hold
+// the first one's commands back for long.
+const maxBatch = 256
 
 // operatorRecordTimeout bounds the wait for the request's record to be
 // stored; the operator's client waits a few seconds for the answer.
@@ -697,15 +816,16 @@ func (s *Service) execute(ctx context.Context, out decide.Output) bool {
 			continue
 		}
 		if d, ok := e.Payload.(events.ArbiterDecision); ok {
+			s.state.decided(d)
 			s.log.Info("decision", "group", d.Group, "action", d.Action, "from", d.From, "to", d.To, "reason", d.Reason, "event_id", env.ID)
 		}
 	}
-	s.writeStatus(ctx, time.Now())
+	s.publishStatus(time.Now())
 	return ok
 }
 
 func (s *Service) persist(ctx context.Context) error {
-	b, err := json.Marshal(s.core.Snapshot())
+	b, err := stateRecord(s.core.Snapshot())
 	if err != nil {
 		return err
 	}
@@ -713,6 +833,18 @@ func (s *Service) persist(ctx context.Context) error {
 	defer cancel()
 	_, err = s.kv.Put(pctx, events.ArbiterStateKey(s.cfg.Cluster), b)
 	return err
+}
+
+// stateRecord encodes the state as it is persisted (before every command)
+// and recorded at a term's start: without the per-node view, which restore
+// ignores and the group status carries. With it, a thousand nodes made the
+// record about 2.5 times larger, and re-encoding and storing it on every
+// decision outlasted restore_within on a loaded host.
+func stateRecord(st decide.State) ([]byte, error) {
+	for i := range st.Groups {
+		st.Groups[i].Nodes = nil
+	}
+	return json.Marshal(st)
 }
 
 // persistFailed bounds a leader that cannot persist: it publishes nothing
@@ -743,39 +875,40 @@ func (s *Service) persisted() {
 	}
 }
 
+// publishStatus hands the core's view to the metrics and, on the leader,
+// to the group status: one snapshot for both.
+func (s *Service) publishStatus(now time.Time) {
+	snap := s.core.Snapshot()
+	s.writeStatus(snap, now)
+	s.state.publish(snap, s.commanding())
+}
+
 // writeStatus publishes each group's status for fanctl and for executors
-// restarting, when it changed or has grown stale. Only the leader writes.
-func (s *Service) writeStatus(ctx context.Context, now time.Time) {
+// restarting, when it changed or has grown stale. Only the leader writes,
+// through the status writer (the loop never waits for the bucket).
+func (s *Service) writeStatus(snap decide.State, now time.Time) {
 	if !s.commanding() {
 		return
 	}
-	snap := s.core.Snapshot()
 	refresh := now.Sub(s.statusAt) >= statusRefresh
 	for i, g := range snap.Groups {
 		st := events.GroupStatus{Group: g.Name, Addresses: s.cfg.Groups[i].Addresses, Holder: g.Holder, Epoch: snap.Epoch,
-			Since: g.LastMove, Nodes: map[string]events.NodeStatus{}, Frozen: g.Frozen, Situation: g.Situation, MovesLastHour: movesWithin(g.Moves, now)}
+			Since: g.LastMove, Nodes: map[string]events.NodeStatus{}, Frozen: g.Frozen, Situation: g.Situation, NeedsHuman: g.NeedsHuman, MovesLastHour: movesWithin(g.Moves, now)}
 		if g.Permit != nil && now.Before(g.Permit.ValidUntil) && !now.Before(g.Permit.ValidFrom) {
 			st.PermitUntil = g.Permit.ValidUntil
 		}
+		if p := g.Planned; p != nil {
+			st.Planned = &events.PlannedStatus{PlannedFacts: p.PlannedFacts, GaveUp: p.GaveUp}
+		}
 		for prio, n := range g.Nodes {
-			st.Nodes[n.Node] = events.NodeStatus{Health: n.Health, LastHeartbeat: n.LastHeartbeat, Silent: n.Silent, Priority: prio,
+			st.Nodes[n.Node] = events.NodeStatus{Health: n.Health, HealthSince: n.HealthSince, LastHeartbeat: n.LastHeartbeat, Silent: n.Silent, Priority: prio,
 				Standby: n.Standby, Eligible: n.Eligible}
 		}
 		if !refresh && sameStatus(s.lastStatus[g.Name], st) {
 			continue
 		}
 		st.UpdatedAt = now
-		b, err := json.Marshal(st)
-		if err != nil {
-			continue
-		}
-		pctx, cancel := context.WithTimeout(ctx, time.Second)
-		_, err = s.kv.Put(pctx, events.GroupStatusKey(s.cfg.Cluster, g.Name), b)
-		cancel()
-		if err != nil {
-			s.log.Warn("write group status failed", "group", g.Name, "err", err)
-			continue
-		}
+		s.status.post(st)
 		s.lastStatus[g.Name] = st
 	}
 	if refresh {
@@ -793,17 +926,37 @@ func movesWithin(moves []time.Time, now time.Time) int {
 	return n
 }
 
-// sameStatus ignores heartbeat times, which change every second.
+// sameStatus ignores heartbeat times, which change every second. It runs
+// for every group at every tick, so it compares the nodes in place rather
+// than comparing copies (which was most of what the arbiter allocated).
 func sameStatus(a, b events.GroupStatus) bool {
-	strip := func(g events.GroupStatus) events.GroupStatus {
-		g.UpdatedAt = time.Time{}
-		nodes := make(map[string]events.NodeStatus, len(g.Nodes))
-		for k, v := range g.Nodes {
-			v.LastHeartbeat = time.Time{}
-			nodes[k] = v
-		}
-		g.Nodes = nodes
-		return g
+	if len(a.Nodes) != len(b.Nodes) {
+		return false
 	}
-	return reflect.DeepEqual(strip(a), strip(b))
+	for n, x := range a.Nodes {
+		y, ok := b.Nodes[n]
+		x.LastHeartbeat, y.LastHeartbeat = time.Time{}, time.Time{}
+		if !ok || x != y {
+			return false
+		}
+	}
+	a.UpdatedAt, b.UpdatedAt = time.Time{}, time.Time{}
+	a.Nodes, b.Nodes = nil, nil
+	return reflect.DeepEqual(a, b)
+}
+
+// recordTerm stores, ahead of this term's first decision, the state the
+// term began from (as restored: an outstanding claim the trail had already
+// answered is confirmed), so that a replay of the decisions can begin here
+// (fanctl replay) and not only at an arbiter's start. The per-node view is
+// left out: it is informational, and the replay rebuilds it from the trail.
+func (s *Service) recordTerm(epoch uint64) {
+	b, err := stateRecord(s.core.Snapshot())
+	if err == nil {
+		_, err = s.ob.Post("", events.ArbiterTerm{State: b, Input: s.core.Input(), InputAudit: s.core.InputAudit(),
+			InputLive: s.core.InputLive(), Since: s.core.FirstInput(), Policy: s.core.ConfigDigest()}, events.WithEpoch(epoch))
+	}
+	if err != nil {
+		s.log.Warn("term start not recorded: a replay cannot begin at this term", "epoch", epoch, "err", err)
+	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
 	"github.com/fanpbx/fan/services/arbiter/internal/httphb"
+	"github.com/fanpbx/fan/services/arbiter/internal/notify"
 	"github.com/fanpbx/fan/services/arbiter/internal/registry"
 	"github.com/google/uuid"
 )
@@ -31,6 +32,9 @@ type Config struct {
 	Registry RegistryConfig `yaml:"registry"`
 	// HTTPHeartbeat is the REST endpoint for hosts without a prober.
 	HTTPHeartbeat HTTPHeartbeatConfig `yaml:"http_heartbeat"`
+	// Notify runs commands and webhooks on holder changes, health
+	// transitions of the groups' checks and needs-human decisions.
+	Notify notify.Config `yaml:"notify"`
 
 	// RestoreWithin bounds how long a replica may hold the lease without
 	// commanding: a takeover whose state cannot be read (restored) or a
@@ -54,6 +58,32 @@ type HTTPHeartbeatConfig struct {
 	Interval config.Duration `yaml:"interval"`
 	// Nodes may post; any other name is refused.
 	Nodes []string `yaml:"nodes"`
+	// TLS serves HTTPS with this certificate and key, reloaded when the
+	// files change. Required unless Listen is on loopback or
+	// InsecurePlaintext is set: the bearer token must not cross a network
+	// in the clear.
+	TLS               HTTPHeartbeatTLS `yaml:"tls"`
+	InsecurePlaintext bool             `yaml:"insecure_plaintext"`
+	// RateLimit is each source address's token bucket.
+	RateLimit HTTPHeartbeatRateLimit `yaml:"rate_limit"`
+	// ConnsPerSource and MaxConns bound the connections open at once, from
+	// one address and in all (0: httphb's defaults).
+	ConnsPerSource int `yaml:"conns_per_source"`
+	MaxConns       int `yaml:"max_conns"`
+}
+
+// HTTPHeartbeatTLS names the certificate and key files (PEM).
+type HTTPHeartbeatTLS struct {
+	Cert string `yaml:"cert"`
+	Key  string `yaml:"key"`
+}
+
+// HTTPHeartbeatRateLimit is the per-source token bucket; zero values take
+// httphb's defaults.
+type HTTPHeartbeatRateLimit struct {
+	PerSecond  float64 `yaml:"per_second"`
+	Burst      int     `yaml:"burst"`
+	MaxSources int     `yaml:"max_sources"`
 }
 
 func (h *HTTPHeartbeatConfig) validate() error {
@@ -85,6 +115,9 @@ func (h *HTTPHeartbeatConfig) validate() error {
 	if len(h.Nodes) == 0 {
 		return config.Errf("http_heartbeat.nodes", "list the nodes that may post heartbeats")
 	}
+	if err := h.validateTLS(); err != nil {
+		return err
+	}
 	for _, n := range h.Nodes {
 		if err := events.ValidToken("node", n); err != nil {
 			return &config.FieldError{Key: "http_heartbeat.nodes", Err: err}
@@ -111,6 +144,13 @@ type FailbackConfig struct {
 	ForceBefore        config.Duration `yaml:"force_before"`        // default 1m
 }
 
+// PlannedConfig is a group's policy for planned moves.
+type PlannedConfig struct {
+	// DrainWithin is how long a planned move waits for the holder to
+	// drain unless the request says (--within): default 30m, 1s..24h.
+	DrainWithin config.Duration `yaml:"drain_within"`
+}
+
 // GroupConfig is one set of floating addresses.
 type GroupConfig struct {
 	Name      string   `yaml:"name"`
@@ -124,6 +164,9 @@ type GroupConfig struct {
 	// holder that went silent on the bus (default: all of them).
 	PeerChecks []string       `yaml:"peer_checks"`
 	Failback   FailbackConfig `yaml:"failback"`
+	// Planned is how an operator's switchover or node standby waits for
+	// the holder's calls (the limit is failback.drain_max_channels).
+	Planned PlannedConfig `yaml:"planned"`
 	// HealthFrom, for members that run no prober (a DNS site), names the
 	// observer node and its check (a peer-role quorum group targeting the
 	// member) that decide the member's health; the member is heard while
@@ -173,6 +216,9 @@ type PolicyConfig struct {
 // Validate checks the file after loading and fills defaults.
 func (c *Config) Validate() error {
 	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if err := c.validateBounds(); err != nil {
 		return err
 	}
 	if c.LeaseTTL == 0 {
@@ -228,6 +274,9 @@ func (c *Config) Validate() error {
 		if g.Weights.Threshold < 0 || g.Weights.Threshold > 99 || g.Weights.Confirm < 0 {
 			return config.Errf(key("weights"), "threshold 0..99 and confirm >= 0 (0 takes the defaults)")
 		}
+		if d := g.Planned.DrainWithin.D(); d != 0 && (d < events.MinDrainWithin || d > events.MaxDrainWithin) {
+			return config.Errf(key("planned.drain_within"), "must be between %v and %v, got %v", events.MinDrainWithin, events.MaxDrainWithin, d)
+		}
 		if w := g.Failback.OnWindowClose; w != "" && w != "wait" && w != "force" {
 			return config.Errf(key("failback.on_window_close"), "want wait or force, got %q", w)
 		}
@@ -245,6 +294,13 @@ func (c *Config) Validate() error {
 		return config.Errf("registry.sweep_every", "at least 100ms, got %v", c.Registry.SweepEvery)
 	}
 	if err := c.HTTPHeartbeat.validate(); err != nil {
+		return err
+	}
+	names := make([]string, len(c.Groups))
+	for i, g := range c.Groups {
+		names[i] = g.Name
+	}
+	if err := c.Notify.Validate(names); err != nil {
 		return err
 	}
 	// The decision core checks the timing arithmetic (claim_timeout,
@@ -277,7 +333,18 @@ func (c *Config) decideConfig() decide.Config {
 			HealthCheck: g.HealthCheck, PeerChecks: g.PeerChecks, Failback: decide.FailbackPolicy{
 				StableFor: fb.StableFor.D(), RequireReplication: fb.RequireReplication, DrainMaxChannels: fb.DrainMaxChannels,
 				OnWindowClose: decide.WindowClose(fb.OnWindowClose), ForceBefore: fb.ForceBefore.D(),
-			}})
+			}, Planned: decide.PlannedPolicy{DrainWithin: g.Planned.DrainWithin.D()}})
 	}
 	return dc
+}
+
+// DecisionConfig reads an arbiter configuration file (strictly, as the
+// arbiter does) and returns what its decision core is given: the replay
+// runs the core under it.
+func DecisionConfig(path string) (decide.Config, error) {
+	var c Config
+	if err := config.Load(path, &c); err != nil {
+		return decide.Config{}, err
+	}
+	return c.decideConfig(), nil
 }

@@ -12,25 +12,42 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/services/arbiter/internal/httphb"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // serveHeartbeats starts the HTTP heartbeat endpoint. Every replica serves
 // it: a heartbeat only becomes an event on the bus, which the leader's
 // registry and core consume like a prober's.
-func (s *Service) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter) (func(), error) {
-	h := httphb.New(httphb.Config{Token: hh.Token, Nodes: hh.Nodes, MaxBody: hh.MaxBody, Interval: hh.Interval.D()},
+func (s *Service) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter, metrics prometheus.Registerer) (func(), error) {
+	h := httphb.New(httphb.Config{Token: hh.Token, Nodes: hh.Nodes, MaxBody: hh.MaxBody, Interval: hh.Interval.D(),
+		Rate: hh.RateLimit.PerSecond, Burst: hh.RateLimit.Burst, MaxSources: hh.RateLimit.MaxSources, Metrics: metrics},
 		emit, s.listRegistry, s.log)
+	var certs *httphb.CertFiles
+	if hh.TLS.Cert != "" {
+		c, err := httphb.LoadCertFiles(hh.TLS.Cert, hh.TLS.Key, s.log)
+		if err != nil {
+			return nil, err
+		}
+		certs = c
+	}
 	ln, err := net.Listen("tcp", hh.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("http_heartbeat.listen: %w", err)
 	}
-	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second}
+	ln = h.LimitConns(ln, hh.ConnsPerSource, hh.MaxConns)
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
+		IdleTimeout: time.Minute, MaxHeaderBytes: 8 << 10, ErrorLog: h.TLSErrorLog()}
+	serve := func() error { return srv.Serve(ln) }
+	if certs != nil {
+		srv.TLSConfig = certs.TLSConfig()
+		serve = func() error { return srv.ServeTLS(h.GuardTLS(ln), "", "") }
+	}
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.log.Error("http heartbeat endpoint stopped", "err", err)
 		}
 	}()
-	s.log.Info("http heartbeat endpoint listening", "addr", ln.Addr().String(), "nodes", hh.Nodes)
+	s.log.Info("http heartbeat endpoint listening", "addr", ln.Addr().String(), "nodes", hh.Nodes, "tls", certs != nil)
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -15,19 +14,10 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 const testToken = "s3cret-token-for-tests"
-
-func freeTCP(t *testing.T) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
-}
 
 // The HTTP heartbeat endpoint of a running arbiter (leader, embedded
 // JetStream): every malformed, unauthenticated, unknown or oversized
@@ -35,9 +25,12 @@ func freeTCP(t *testing.T) string {
 // node.heartbeat that the leader's registry records, which GET lists.
 func TestHTTPHeartbeat(t *testing.T) {
 	l := newLab(t, "n1", "n2")
-	addr := freeTCP(t)
+	addr := freeAddr(t)
 	cfg := l.cfg("ctlA")
-	cfg.HTTPHeartbeat = HTTPHeartbeatConfig{Listen: addr, Token: testToken, MaxBody: 512, Nodes: []string{"legacy1"}}
+	// Every case comes from one address: a rate limit above them all
+	// (TestHTTPHeartbeatEdge attacks the limit).
+	cfg.HTTPHeartbeat = HTTPHeartbeatConfig{Listen: addr, Token: testToken, MaxBody: 512, Nodes: []string{"legacy1"},
+		RateLimit: HTTPHeartbeatRateLimit{PerSecond: 1000, Burst: 10000}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -113,6 +106,10 @@ func TestHTTPHeartbeat(t *testing.T) {
 		{"cpu out of range", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, "12.5", "250", 1), 422, "cpu_percent"},
 		{"more free than total", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, "700", "7000", 1), 422, "mem_available_bytes"},
 		{"negative channels", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"active_channels":-1`, 1), 422, "negative"},
+		{"interval_ms maxint", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"interval_ms":9223372036854775807`, 1), 422, "interval_ms"},
+		{"interval_ms 10^12", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"interval_ms":1000000000000`, 1), 422, "interval_ms"},
+		{"interval_ms 1", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"interval_ms":1`, 1), 422, "interval_ms"},
+		{"channels 2^40", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"active_channels":1099511627776`, 1), 422, "active_channels"},
 		{"no such path", "GET", "/api/nothing", testToken, "", "", 404, "no such endpoint"},
 	}
 	for _, tc := range cases {
@@ -162,15 +159,9 @@ func TestHTTPHeartbeat(t *testing.T) {
 	})
 }
 
-func waitFor(t *testing.T, d time.Duration, what string, cond func() bool) {
+func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waittest.Until(t, within, what, cond)
 }
 
 func TestHTTPHeartbeatConfig(t *testing.T) {

@@ -59,7 +59,15 @@ func TestUnreadableStateReleasesTheLease(t *testing.T) {
 	const within = 400 * time.Millisecond
 	l.arbiterWith("ctlB", func(c *Config) { c.HTTPListen = addr; c.RestoreWithin = config.Duration(within) })
 	b := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "test", Node: "chaos"})
-	waitFor(t, 10*time.Second, "ctlB up", func() bool { code, _ := httpGet(t, "http://"+addr+"/healthz"); return code == 200 })
+	// /healthz answers as soon as the runtime is up, before the arbiter
+	// has opened the state bucket; its decision loop turns only after.
+	// Deleting the bucket in between made ctlB's start fail (and nothing
+	// restarts it here, as systemd would): wait for the loop.
+	waitFor(t, 10*time.Second, "ctlB up", func() bool {
+		code, _ := httpGet(t, "http://"+addr+"/healthz")
+		_, m := httpGet(t, "http://"+addr+"/metrics")
+		return code == 200 && strings.Contains(m, `fan_loop_silent_seconds{loop="decide"}`)
+	})
 
 	// Keep what ctlA persisted, then take the bucket away and kill ctlA.
 	kv, err := b.StateKV(ctx)

@@ -88,3 +88,94 @@ func TestBeaconSilenceAloneDoesNotMoveAReachableHolder(t *testing.T) {
 		t.Fatalf("holder %q after the bus came back", h)
 	}
 }
+
+// TestWakeIsWhenTheHolderFallsSilent: the core names the instant a
+// holder's silence limit passes (last beacon + 3 beacons + grace), so the
+// shell's timer acts on a crash there, not at its next periodic tick.
+func TestWakeIsWhenTheHolderFallsSilent(t *testing.T) {
+	const every = 50 * time.Millisecond
+	cases := []struct {
+		name  string
+		grace time.Duration
+		since time.Duration // from the holder's last beacon to the peers' transitions
+	}{
+		{"peers first, silence decides", 10 * time.Millisecond, 20 * time.Millisecond},
+		{"peers first, default grace", 0, 60 * time.Millisecond},
+		{"peers at the last moment", 10 * time.Millisecond, 159 * time.Millisecond},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig()
+			cfg.PresenceGrace = tc.grace
+			f := newFx(t, cfg)
+			f.boot()
+			f.runBeacons(time.Second, every)
+			last := f.now
+			limit := 3*every + tc.grace
+			if tc.grace == 0 {
+				limit = 3*every + DefaultPresenceGrace
+			}
+			if w, want := f.c.Wake(f.now), last.Add(limit+time.Nanosecond); !w.Equal(want) {
+				t.Fatalf("Wake = %s after the last beacon, want %s", w.Sub(last), want.Sub(last))
+			}
+			// n1 crashes right after its beacon: the others keep beaconing
+			// (which never moves n1's wake), the peers lose its PBX.
+			f.now = last.Add(tc.since)
+			f.beacons(every, "n1")
+			for _, obs := range []string{"n2", "n3"} {
+				if d := firstDecision(f.setPeer(obs, "n1", down)); d != nil && d.Action != events.ActionHold {
+					t.Fatalf("moved before the silence limit: %+v", d)
+				}
+			}
+			w := f.c.Wake(f.now)
+			if want := last.Add(limit + time.Nanosecond); !w.Equal(want) {
+				t.Fatalf("Wake = %s after the last beacon, want %s", w.Sub(last), want.Sub(last))
+			}
+			// At the limit itself n1 is still heard; a nanosecond past it, silent.
+			f.now = w.Add(-time.Nanosecond)
+			if d := firstDecision(f.tick(0)); d != nil && d.Action != events.ActionHold {
+				t.Fatalf("moved at the limit itself: %+v", d)
+			}
+			f.now = w
+			d := firstDecision(f.tick(0))
+			if d == nil || d.Action != events.ActionFailover || d.From != "n1" || d.Trigger != events.TriggerTick {
+				t.Fatalf("want a failover from n1 on the wake tick, got %+v", d)
+			}
+		})
+	}
+}
+
+// TestWakeNamesAClaimsDeadlineAndNothingWhileFollowing: with a claim out the
+// core wakes for the earlier of its deadline and the claimant's silence; a
+// follower never asks to be woken.
+func TestWakeNamesAClaimsDeadlineAndNothingWhileFollowing(t *testing.T) {
+	const every = 100 * time.Millisecond
+	f := newFx(t, testConfig())
+	f.boot()
+	f.runBeacons(time.Second, every)
+	f.setSelf("n1", down) // failover to n2: a claim is out
+	p := f.c.Snapshot().Groups[0].Claim
+	if p == nil {
+		t.Fatal("no claim out after the holder went down")
+	}
+	silentAt := f.now.Add(3*every + DefaultPresenceGrace + time.Nanosecond)
+	if w := f.c.Wake(f.now); !w.Equal(silentAt) {
+		t.Fatalf("Wake = %s, want the claimant's silence limit %s", w, silentAt)
+	}
+	// The claimant keeps beaconing and heartbeating: its claim's deadline
+	// comes first.
+	for f.now.Add(every).Before(p.Deadline) {
+		f.now = f.now.Add(every)
+		f.beacons(every)
+		f.beat()
+	}
+	if w := f.c.Wake(f.now); !w.Equal(p.Deadline) {
+		t.Fatalf("Wake = %s, want the claim's deadline %s", w, p.Deadline)
+	}
+	if err := f.c.SetLeadership(1, false); err != nil {
+		t.Fatal(err)
+	}
+	if w := f.c.Wake(f.now); !w.IsZero() {
+		t.Fatalf("a follower asked to be woken at %s", w)
+	}
+}

@@ -1,6 +1,8 @@
 package decide
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -14,7 +16,7 @@ import (
 // and never moving when they are not.
 const (
 	// DefaultSilentAfter: heartbeats come once a second, so three missed
-	// ones (seed FAN2's "3 misses in a row") mark a node silent. Silence
+	// ones in a row mark a node silent (one lost heartbeat is noise). Silence
 	// alone never moves an address (peers must confirm), so being quick
 	// here costs nothing and makes a crashed holder replaceable sooner.
 	DefaultSilentAfter = 3 * time.Second
@@ -49,12 +51,16 @@ const (
 	// not bad luck, it is a fault that moving again will not fix.
 	DefaultMaxMovesPerHour = 5
 	// DefaultStableFor: the preferred node must have been healthy and heard
-	// this long before a failback to it (FAN2 waited for a quiet window; a
-	// node that restarts twice in ten minutes is not ready).
+	// this long before a failback to it (a node that restarts twice in ten
+	// minutes is not ready).
 	DefaultStableFor = 10 * time.Minute
 	// DefaultForceBefore: with OnWindowClose force, a failback still waiting
 	// for calls to drain goes ahead this long before the window closes.
 	DefaultForceBefore = time.Minute
+	// DefaultDrainWithin: a planned move (switchover, standby) waits this
+	// long for the holder's calls to end. Half an hour covers nearly every
+	// business call; a maintenance that cannot wait says --within or --now.
+	DefaultDrainWithin = 30 * time.Minute
 )
 
 // WindowClose is what a failback still waiting for calls to drain does
@@ -86,6 +92,16 @@ type FailbackPolicy struct {
 	ForceBefore      time.Duration
 }
 
+// PlannedPolicy is how a group's planned moves (an operator's switchover or
+// node standby) wait for the holder's calls. The drain limit is the
+// failback's (FailbackPolicy.DrainMaxChannels): one number says when a
+// holder counts as drained.
+type PlannedPolicy struct {
+	// DrainWithin is the default wait (default 30m, 1s..24h); a request
+	// may name its own.
+	DrainWithin time.Duration
+}
+
 // Config is the arbiter's view of one cluster. Zero durations take the defaults above.
 type Config struct {
 	Cluster string
@@ -112,6 +128,16 @@ type Config struct {
 	MaxMovesPerHour int
 }
 
+// Digest names the policy: equal configurations (defaults filled in) have
+// equal digests. A term records it, so a replay under another policy says
+// so rather than passing its differences off as the arbiter's.
+func (c Config) Digest() string {
+	c.NewID = nil
+	c.withDefaults()
+	sum := sha256.Sum256(fmt.Appendf(nil, "%+v", c)) // fmt prints maps sorted: the text is stable
+	return hex.EncodeToString(sum[:8])
+}
+
 // ClaimTTL is how long a claim stays valid: ClaimTimeout - ClockSkew.
 //
 // The arithmetic that closes the dual-holder gap: a claim published at t
@@ -132,6 +158,7 @@ type Group struct {
 	Addresses []string // prefixes, e.g. 198.51.100.10/24
 	Nodes     []string // priority order, first = preferred
 	Failback  FailbackPolicy
+	Planned   PlannedPolicy
 	// HealthCheck is the self-role check (or quorum group) whose health on a
 	// node, as its own prober reports it, makes the node eligible.
 	HealthCheck string
@@ -187,6 +214,7 @@ func (c *Config) withDefaults() {
 		if fb.OnWindowClose == "" {
 			fb.OnWindowClose = WindowCloseWait
 		}
+		def(&c.Groups[i].Planned.DrainWithin, DefaultDrainWithin)
 	}
 }
 
@@ -257,6 +285,9 @@ func (c *Config) validate() error {
 		}
 		if fb := g.Failback; fb.StableFor < 0 || fb.ForceBefore < 0 {
 			return fmt.Errorf("%w: group %s: negative failback duration", ErrConfig, g.Name)
+		}
+		if d := g.Planned.DrainWithin; d < events.MinDrainWithin || d > events.MaxDrainWithin {
+			return fmt.Errorf("%w: group %s: planned drain_within %v, want between %v and %v", ErrConfig, g.Name, d, events.MinDrainWithin, events.MaxDrainWithin)
 		}
 		if w := g.Failback.OnWindowClose; w != WindowCloseWait && w != WindowCloseForce {
 			return fmt.Errorf("%w: group %s: on_window_close %q (want wait or force)", ErrConfig, g.Name, w)

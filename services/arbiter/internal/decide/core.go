@@ -59,6 +59,7 @@ type nodeState struct {
 	hbInterval  time.Duration
 	hbRef       ref
 	channels    *int                // active channels in its last heartbeat; nil when its prober does not know
+	calls       *int                // active calls likewise: what a move off it cuts, for the operator
 	checks      map[string]struct{} // check names this node's prober reported
 	groups      []int
 	// proxy is the observer whose presence stands for this node's (a
@@ -101,6 +102,9 @@ type groupState struct {
 	flapFrozen  string
 	moves       []time.Time // automatic moves within the last hour
 	human       bool        // the standing hold asks for a human
+	// planned is the operator's planned move waiting for the holder to
+	// drain (or a standby's that gave up), at most one per group.
+	planned *planned
 }
 
 type claimResult struct {
@@ -147,6 +151,22 @@ type Core struct {
 	repl        map[replKey]*replReport
 
 	affected []int // scratch, reused to keep the heartbeat path allocation-light
+	// replyFor: the groups whose planned move the operator action being
+	// handled started, so its reply can say what became of each.
+	replyFor []*groupState
+
+	// trigger and input are stamped on every decision (see
+	// events.ArbiterDecision): what the core was doing, and the last
+	// stored event it had read, so that a replay can do the same.
+	trigger events.Trigger
+	input   string
+	// first is the first event given other than a failback permit (those
+	// are read from each group's last, older than the rest): where this
+	// core's view of the nodes begins.
+	first string
+	// inputAudit and inputLive are the last events handled from the audit
+	// stream and from the live stream, which the arbiter reads at once.
+	inputAudit, inputLive string
 }
 
 // New validates cfg, fills in defaults and returns a core that is not leading.
@@ -202,6 +222,24 @@ func New(cfg Config) (*Core, error) {
 	return c, nil
 }
 
+// Input is the id of the last stored event the core was given: a record
+// of where a term began in the trail.
+func (c *Core) Input() string { return c.input }
+
+// ConfigDigest is the digest of the policy this core decides under.
+func (c *Core) ConfigDigest() string { return c.cfg.Digest() }
+
+// InputAudit and InputLive are the last events the core was given from the
+// audit and from the live stream.
+func (c *Core) InputAudit() string { return c.inputAudit }
+
+// InputLive is the last event the core was given from the live stream
+// (see InputAudit).
+func (c *Core) InputLive() string { return c.inputLive }
+
+// FirstInput is the id of the first one (failback permits aside).
+func (c *Core) FirstInput() string { return c.first }
+
 // ErrEpoch is returned when a leadership epoch is zero or goes backwards.
 var ErrEpoch = errors.New("invalid leadership epoch")
 
@@ -244,6 +282,15 @@ func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Outp
 	if env.Cluster != c.cfg.Cluster {
 		return out
 	}
+	c.trigger, c.input = events.TriggerEvent, env.ID
+	if c.first == "" && env.Type != events.TypeFailbackPermit {
+		c.first = env.ID
+	}
+	if events.IsLive(env.Type) {
+		c.inputLive = env.ID
+	} else {
+		c.inputAudit = env.ID
+	}
 	c.affected = c.affected[:0]
 	switch v := p.(type) {
 	case events.HealthTransition:
@@ -285,6 +332,7 @@ func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Outp
 // decisions cite the peers' transitions and the node's last heartbeat.
 func (c *Core) Beacon(now time.Time, b events.Beacon) Output {
 	c.clock(now)
+	c.trigger = events.TriggerBeacon
 	var out Output
 	ns := c.nodes[b.Node]
 	if ns == nil || b.IntervalMS <= 0 {
@@ -314,6 +362,7 @@ func (c *Core) Beacon(now time.Time, b events.Beacon) Output {
 // within that much of their configured value).
 func (c *Core) Tick(now time.Time) Output {
 	c.clock(now)
+	c.trigger = events.TriggerTick
 	var out Output
 	if !c.leading {
 		return out
@@ -322,6 +371,34 @@ func (c *Core) Tick(now time.Time) Output {
 		c.evaluate(g, now, nil, &out)
 	}
 	return out
+}
+
+// Wake is the next moment after now at which a Tick could decide
+// something no input will announce: a holder or a claimant falling silent
+// (its beacons or heartbeats missed), or a claim's deadline. Zero when
+// nothing is due or the core is not leading. The shell ticks then as well
+// as periodically, so a crashed holder is judged the moment its silence
+// limit passes, on its own beacon schedule, not up to a tick later.
+func (c *Core) Wake(now time.Time) time.Time {
+	if !c.leading {
+		return time.Time{}
+	}
+	var next time.Time
+	consider := func(t time.Time) {
+		if t.After(now) && (next.IsZero() || t.Before(next)) {
+			next = t
+		}
+	}
+	for _, g := range c.groups {
+		switch {
+		case g.pending != nil:
+			consider(g.pending.deadline)
+			consider(c.quietUntil(g.pending.node).Add(time.Nanosecond))
+		case g.holder != "":
+			consider(c.quietUntil(g.holder).Add(time.Nanosecond))
+		}
+	}
+	return next
 }
 
 func (c *Core) touch(gi int) {
@@ -360,11 +437,7 @@ func (c *Core) onHeartbeat(now time.Time, env events.Envelope, hb *events.NodeHe
 	ns.lastHB = now
 	ns.hbInterval = time.Duration(hb.IntervalMS) * time.Millisecond
 	ns.hbRef = envRef(env)
-	ns.channels = nil
-	if hb.ActiveChannels != nil {
-		n := *hb.ActiveChannels
-		ns.channels = &n
-	}
+	ns.channels, ns.calls = cloneInt(hb.ActiveChannels), cloneInt(hb.ActiveCalls)
 	// Its own groups may see it become eligible; groups where it observes
 	// someone as a peer may see their silent holder's evidence change.
 	c.touchNode(hb.Node)

@@ -22,6 +22,21 @@ type step struct {
 	reason string // substring of the (first) decision's reason, when set
 }
 
+// play runs the steps in order, failing at the first whose output (or
+// its first decision's reason) is not the one wanted.
+func (f *fx) play(steps []step) {
+	f.t.Helper()
+	for _, s := range steps {
+		out := s.do(f)
+		if got := summary(out); !eq(got, s.want) {
+			f.t.Fatalf("step %q: got %q, want %q (reason %q)", s.name, got, s.want, reasonOf(out))
+		}
+		if s.reason != "" && !strings.Contains(reasonOf(out), s.reason) {
+			f.t.Fatalf("step %q: reason %q does not contain %q", s.name, reasonOf(out), s.reason)
+		}
+	}
+}
+
 func hbAll(except ...string) func(f *fx) Output {
 	return func(f *fx) Output { return f.beat(except...) }
 }
@@ -216,6 +231,27 @@ func TestRules(t *testing.T) {
 			},
 		},
 		{
+			name: "claim not confirmed and no other node: claim the same node again at once, fenced",
+			steps: []step{
+				{name: "n3 down", do: self("n3", down)},
+				{name: "n1 down", do: self("n1", down), want: failover12},
+				{name: "waiting", do: run(4 * time.Second)},
+				{name: "timeout", do: run(1 * time.Second), want: []string{"retry n2->n2", "claim n2 prev=n1 fenced"},
+					reason: "n2 is the only eligible node: claiming it again"},
+				{name: "confirmed", do: res("pbx", "n2", events.OutcomeApplied)},
+			},
+		},
+		{
+			name: "claim answered with a failure and no other node: hold, retry after the backoff",
+			steps: []step{
+				{name: "n3 down", do: self("n3", down)},
+				{name: "n1 down", do: self("n1", down), want: failover12},
+				{name: "n2 fails", do: res("pbx", "n2", events.OutcomeFailed), want: []string{"hold ", "release n2"}, reason: "no other eligible node"},
+				{name: "within backoff", do: run(9 * time.Second)},
+				{name: "backoff over", do: run(1 * time.Second), want: []string{"place ->n2", "claim n2 prev=n1 fenced"}},
+			},
+		},
+		{
 			name: "claimant turns unhealthy while claiming: move on at once",
 			steps: []step{
 				{name: "n1 down", do: self("n1", down), want: failover12},
@@ -292,7 +328,9 @@ func TestRules(t *testing.T) {
 				{name: "n1 down moves only a", do: self("n1", down), want: failover12},
 				{name: "n3 down moves only b, past n1", do: self("n3", down), want: []string{"failover n3->n4", "release n3", "claim n4 prev=n3 fenced"}},
 				{name: "a confirmed", do: res("a", "n2", events.OutcomeApplied)},
-				{name: "b times out with nobody left", do: run(5 * time.Second), want: []string{"hold ", "release n4"}},
+				// n4 is b's only eligible node: claimed again at once rather
+				// than released, b holding nothing meanwhile.
+				{name: "b times out with nobody left", do: run(5 * time.Second), want: []string{"retry n4->n4", "claim n4 prev=n3 fenced"}},
 			},
 		},
 	}
@@ -308,15 +346,7 @@ func TestRules(t *testing.T) {
 			} else {
 				f.boot()
 			}
-			for _, s := range tc.steps {
-				out := s.do(f)
-				if got := summary(out); !eq(got, s.want) {
-					t.Fatalf("step %q: got %q, want %q (reason %q)", s.name, got, s.want, reasonOf(out))
-				}
-				if s.reason != "" && !strings.Contains(reasonOf(out), s.reason) {
-					t.Fatalf("step %q: reason %q does not contain %q", s.name, reasonOf(out), s.reason)
-				}
-			}
+			f.play(tc.steps)
 		})
 	}
 }

@@ -1,7 +1,11 @@
 // Package decide is the arbiter's decision core: events in, decisions and
 // commands out, with the time passed in. It does no I/O, starts no
 // goroutines and never reads the clock, so every rule can be driven by a
-// table test and replayed from the audit stream.
+// table test and replayed from the audit stream: each decision carries the
+// core's clock, what made it decide and the last input it had read
+// (events.ArbiterDecision), and services/arbiter/internal/replay (behind
+// `fanctl replay`) feeds the stored inputs back through a Core and compares
+// what it decides with what was recorded.
 //
 // # What the core believes
 //
@@ -63,6 +67,12 @@
 //     decisions they cause cite; maintenance freezes automatic moves, a
 //     standby node holds nothing. They need a healthy target but ignore the
 //     hold-down and the cap.
+//   - Planned moves (an operator's switchover or node standby) wait until
+//     the holder reports at most the group's drain limit of active
+//     channels (unknown is not drained), up to a deadline; then they give
+//     up, or move anyway when asked to (force_after); "now" moves at once.
+//     Each stage is a PlannedMove citing the operator's action; a failover
+//     overrides a waiting move. The wait is persisted and restored.
 //   - Holds are explained once per change of situation, never per event.
 //
 // # Leadership and causation

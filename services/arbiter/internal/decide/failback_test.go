@@ -270,15 +270,16 @@ func TestOperatorActions(t *testing.T) {
 		verify func(t *testing.T, f *fx)
 	}{
 		{
-			name: "switchover to a healthy node, caused by the action",
+			name: "switchover to a healthy node whose holder has no calls: at once, caused by the action through its planned stage",
 			steps: []step{
+				{name: "n1 reports no calls", do: channels("n1", 0)},
 				{name: "switchover", do: operator(events.OpSwitchover, "", "n3", "kernel update on n1"),
-					want: []string{"op switchover accepted=true", "switchover n1->n3", "release n1", "claim n3 prev=n1 fenced"}, reason: "alice@ops1: kernel update"},
+					want: []string{"op switchover accepted=true", "planned moved", "switchover n1->n3", "release n1", "claim n3 prev=n1 fenced"}, reason: "alice@ops1: kernel update"},
 			},
 			verify: func(t *testing.T, f *fx) {
-				act, d := f.last[0], f.last[1].p.(events.ArbiterDecision)
-				if d.CausedBy[0] != act.env.ID || f.last[1].env.CausationID != act.env.ID {
-					t.Fatalf("switchover not caused by the operator action: %+v", d)
+				act, pm, d := f.last[0], f.last[1], f.last[2].p.(events.ArbiterDecision)
+				if d.CausedBy[0] != pm.env.ID || f.last[2].env.CausationID != pm.env.ID || pm.p.(events.PlannedMove).CausedBy[0] != act.env.ID {
+					t.Fatalf("switchover not caused by the operator action through its planned stage: %+v", d)
 				}
 				if a := act.p.(events.OperatorAction); a.Operator != "alice@ops1" || !a.Accepted || a.Reason != "kernel update on n1" {
 					t.Fatalf("action record %+v", a)
@@ -313,8 +314,11 @@ func TestOperatorActions(t *testing.T) {
 		{
 			name: "standby moves the holder's group away and bars the node; active lets it back",
 			steps: []step{
-				{name: "n1 standby", do: operator(events.OpNodeStandby, "", "n1", "disk replacement"),
-					want: []string{"op node_standby accepted=true", "switchover n1->n2", "release n1", "claim n2 prev=n1 fenced"}, reason: "standby"},
+				{name: "n1 standby, drained", do: func(f *fx) Output {
+					channels("n1", 0)(f)
+					return operator(events.OpNodeStandby, "", "n1", "disk replacement")(f)
+				},
+					want: []string{"op node_standby accepted=true", "planned moved", "switchover n1->n2", "release n1", "claim n2 prev=n1 fenced"}, reason: "standby"},
 				{name: "n2 confirms", do: res("pbx", "n2", events.OutcomeApplied)},
 				{name: "n2 down: n3 takes it, not n1", do: self("n2", down), want: []string{"failover n2->n3", "release n2", "claim n3 prev=n2 fenced"}},
 				{name: "n3 confirms", do: res("pbx", "n3", events.OutcomeApplied)},
@@ -334,7 +338,7 @@ func TestOperatorActions(t *testing.T) {
 				{name: "maintenance on", do: operator(events.OpMaintenanceOn, "", "", "network work"), want: []string{"op maintenance_on accepted=true"}},
 				{name: "n1 down", do: self("n1", down), want: []string{"HUMAN hold n1"}, reason: "cluster is in maintenance"},
 				{name: "frozen", do: run(time.Minute)},
-				{name: "manual switchover still works", do: operator(events.OpSwitchover, "", "n3", "by hand"),
+				{name: "manual switchover still works, without waiting for a dead holder", do: operator(events.OpSwitchover, "", "n3", "by hand"),
 					want: []string{"op switchover accepted=true", "switchover n1->n3", "release n1", "claim n3 prev=n1 fenced"}},
 				{name: "n3 confirms", do: res("pbx", "n3", events.OutcomeApplied), want: []string{"hold n3"}, reason: "in maintenance"},
 				{name: "maintenance off", do: operator(events.OpMaintenanceOff, "", "", ""), want: []string{"op maintenance_off accepted=true", "hold n3"},
@@ -350,15 +354,7 @@ func TestOperatorActions(t *testing.T) {
 			} else {
 				f.boot()
 			}
-			for _, s := range tc.steps {
-				out := s.do(f)
-				if got := summary(out); !eq(got, s.want) {
-					t.Fatalf("step %q: got %q, want %q (reason %q)", s.name, got, s.want, reasonOf(out))
-				}
-				if s.reason != "" && !strings.Contains(reasonOf(out), s.reason) {
-					t.Fatalf("step %q: reason %q does not contain %q", s.name, reasonOf(out), s.reason)
-				}
-			}
+			f.play(tc.steps)
 			if tc.verify != nil {
 				tc.verify(t, f)
 			}
@@ -379,7 +375,9 @@ func TestOperatorNeedsLeaderAndGroup(t *testing.T) {
 	if rep, _ := f.op(events.OpSwitchover, "", "n2", ""); rep.Accepted || !strings.Contains(rep.Message, "several groups") {
 		t.Fatalf("switchover without a group in a two-group cluster: %+v", rep)
 	}
-	if rep, out := f.op(events.OpSwitchover, "b", "n1", ""); !rep.Accepted || len(rep.Decisions) != 1 || rep.Decisions[0] != out.Emits[1].ID {
+	f.chans["n2"] = 0
+	f.hb("n2")
+	if rep, out := f.op(events.OpSwitchover, "b", "n1", ""); !rep.Accepted || len(rep.Decisions) != 1 || rep.Decisions[0] != out.Emits[2].ID {
 		t.Fatalf("switchover of b: %+v %q", rep, summary(out))
 	}
 	// Operator state is part of what a successor restores.

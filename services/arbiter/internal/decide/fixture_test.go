@@ -45,6 +45,7 @@ type fx struct {
 	self    map[string]events.CheckState            // node -> its self check "pbx"
 	peer    map[string]map[string]events.CheckState // observer -> target -> state
 	chans   map[string]int                          // node -> active channels its heartbeat reports (absent: unknown)
+	calls   map[string]int                          // node -> active calls likewise
 	claims  map[string]string                       // group -> last claim command id
 	cmdIDs  map[string]bool                         // every id the core emitted
 	evIDs   map[string]bool                         // every event id fed to the core
@@ -65,7 +66,7 @@ func newFx(t testing.TB, cfg Config) *fx {
 	}
 	return &fx{t: t, c: c, cfg: cfg, now: t0, newEv: idGen('9'),
 		self: map[string]events.CheckState{}, peer: map[string]map[string]events.CheckState{},
-		claims: map[string]string{}, cmdIDs: map[string]bool{}, evIDs: map[string]bool{}, chans: map[string]int{}}
+		claims: map[string]string{}, cmdIDs: map[string]bool{}, evIDs: map[string]bool{}, chans: map[string]int{}, calls: map[string]int{}}
 }
 
 func (f *fx) lead(epoch uint64) {
@@ -103,6 +104,9 @@ func (f *fx) hb(node string) Output {
 	hb := events.NodeHeartbeat{Node: node, IntervalMS: 1000, Version: "test", Checks: checks}
 	if n, ok := f.chans[node]; ok {
 		hb.ActiveChannels = &n
+	}
+	if n, ok := f.calls[node]; ok {
+		hb.ActiveCalls = &n
 	}
 	return f.handle(f.env(node, "prober"), hb)
 }
@@ -234,6 +238,16 @@ func (f *fx) check(out Output) {
 				}
 			}
 			f.cmdIDs[env.ID] = true
+		case events.PlannedMove:
+			if env.CausationID != p.CausedBy[0] {
+				f.t.Fatalf("planned move causation %q, caused_by %v", env.CausationID, p.CausedBy)
+			}
+			for _, id := range p.CausedBy {
+				if !f.evIDs[id] && !f.cmdIDs[id] {
+					f.t.Fatalf("planned move cites %s, which the core was never given nor emitted", id)
+				}
+			}
+			f.cmdIDs[env.ID] = true
 		case events.ReleaseIP, events.ClaimIP:
 			if dec == nil || pos >= len(dec.Commands) || dec.Commands[pos] != env.ID {
 				f.t.Fatalf("command %s (%T) not listed by a preceding decision", env.ID, p)
@@ -284,6 +298,8 @@ func summary(out Output) []string {
 			default:
 				s = append(s, fmt.Sprintf("%s %s->%s", p.Action, p.From, p.To))
 			}
+		case events.PlannedMove:
+			s = append(s, "planned "+string(p.Stage))
 		case events.ReleaseIP:
 			s = append(s, "release "+p.Node)
 		case events.ClaimIP:

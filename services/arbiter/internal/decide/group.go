@@ -13,10 +13,13 @@ import (
 // never heard from counts from the core's first input, so a restored holder
 // gets the same grace as one that just heartbeated.
 func (c *Core) silent(n string, now time.Time) bool {
+	return now.After(c.quietUntil(n))
+}
+
+// quietUntil is the last instant at which n still counts as heard: after
+// it, n is silent until its next beacon or heartbeat.
+func (c *Core) quietUntil(n string) time.Time {
 	ns := c.presence(n)
-	if !ns.lastBeacon.IsZero() && now.Sub(ns.lastBeacon) > time.Duration(c.cfg.PresenceMisses)*ns.beaconEvery+c.cfg.PresenceGrace {
-		return true
-	}
 	last := ns.lastHB
 	if last.IsZero() {
 		last = c.origin
@@ -25,7 +28,13 @@ func (c *Core) silent(n string, now time.Time) bool {
 	if adv := 3 * ns.hbInterval; adv > limit {
 		limit = adv // a node told us it beats slower: three of its beats
 	}
-	return now.Sub(last) > limit
+	until := last.Add(limit)
+	if !ns.lastBeacon.IsZero() {
+		if b := ns.lastBeacon.Add(time.Duration(c.cfg.PresenceMisses)*ns.beaconEvery + c.cfg.PresenceGrace); b.Before(until) {
+			until = b
+		}
+	}
+	return until
 }
 
 // presence is the node whose heartbeats and beacons say whether n is heard:
@@ -214,7 +223,7 @@ func (c *Core) evaluate(g *groupState, now time.Time, trig *ref, out *Output) {
 		cmd := ref{id: p.cmdID, corr: p.corr}
 		switch {
 		case !now.Before(p.deadline):
-			c.retry(g, now, fmt.Sprintf("claim on %s not confirmed within %s", p.node, c.cfg.ClaimTimeout), []ref{cmd}, out)
+			c.retryUnanswered(g, now, fmt.Sprintf("claim on %s not confirmed within %s", p.node, c.cfg.ClaimTimeout), []ref{cmd}, out)
 		case c.lost(g, p.node, now):
 			c.retry(g, now, fmt.Sprintf("claimant %s is no longer eligible (%s)", p.node, c.whyNot(g, p.node, now)),
 				with([]ref{cmd}, c.nodeCauses(g, p.node)), out)
@@ -224,6 +233,9 @@ func (c *Core) evaluate(g *groupState, now time.Time, trig *ref, out *Output) {
 	frozen := c.frozenWhy(g)
 	h := g.holder
 	if h == "" {
+		if p := g.planned; p != nil {
+			c.endPlanned(g, events.PlannedOverridden, fmt.Sprintf("%s overridden: the group has no holder", p.what(g)), with(), out)
+		}
 		if frozen != "" {
 			c.hold(g, "frozen-empty", "no holder, and "+frozen+": nothing is placed until a human unfreezes it",
 				with(c.allNodeCauses(g)...), nil, true, out)
@@ -233,7 +245,17 @@ func (c *Core) evaluate(g *groupState, now time.Time, trig *ref, out *Output) {
 		return
 	}
 	v := c.judgeHolder(g, h, now)
+	if p := g.planned; p != nil && (v.down || p.from != h) {
+		// A failover always overrides a waiting planned move.
+		why := fmt.Sprintf("%s overridden: %s", p.what(g), v.why)
+		if !v.down {
+			why = fmt.Sprintf("%s overridden: the holder is now %s", p.what(g), h)
+		}
+		c.endPlanned(g, events.PlannedOverridden, why, with(v.causes), out)
+	}
 	switch {
+	case g.planned != nil && !v.down:
+		c.considerPlanned(g, h, now, frozen, out)
 	case v.down:
 		if frozen != "" {
 			c.hold(g, "frozen-down:"+h, fmt.Sprintf("%s; %s: not replaced, a human must act", v.why, frozen), with(v.causes), nil, true, out)
@@ -492,6 +514,27 @@ func (c *Core) place(g *groupState, now time.Time, with func(...[]ref) []ref, ou
 // retry gives up the outstanding claim: the claimant is released (it may
 // have applied the claim late, or may still do so from its queue) and
 // skipped for RetryBackoff, and the next eligible node is claimed.
+// retryUnanswered is retry for a claim that got no answer at all. When its
+// node is the only eligible one, it is claimed again at once rather than
+// left out for RetryBackoff with the group holding nothing: the usual cause
+// is not the node but the bus (the node's command consumer electing a new
+// leader after a NATS server died, 4 to 9 s), and no other node could take
+// the address anyway. That is safe: the unanswered claim can no longer
+// start (ClaimTTL), and one that did start is ahead of the new one in the
+// node's ordered queue and holds the same addresses. A claim the node
+// answered with a failure is never repeated this way.
+func (c *Core) retryUnanswered(g *groupState, now time.Time, why string, causes []ref, out *Output) {
+	p := g.pending
+	if c.frozenWhy(g) == "" && c.eligible(g, p.node, now) && !c.isStandby(p.node) && c.best(g, now, p.node) == "" {
+		g.pending = nil
+		c.move(g, now, events.ActionRetry, p.node, p.node,
+			fmt.Sprintf("%s; %s is the only eligible node: claiming it again", why, p.node),
+			append(causes, c.nodeCauses(g, p.node)...), nil, p.prevHolder, p.prevFenced, out)
+		return
+	}
+	c.retry(g, now, why, causes, out)
+}
+
 func (c *Core) retry(g *groupState, now time.Time, why string, causes []ref, out *Output) {
 	p := g.pending
 	g.pending = nil
@@ -563,6 +606,10 @@ func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to
 // a failed claimant is always emitted: a command must never go unexplained.
 func (c *Core) hold(g *groupState, key, reason string, causes []ref, release []string, human bool, out *Output) {
 	if len(release) == 0 && key == g.situation {
+		// Explained already; the status still says it as it stands now
+		// (a node named "never heard" when the hold began has been heard
+		// since), without a new decision.
+		g.reason = reason
 		return
 	}
 	causes = dedup(causes)
@@ -600,7 +647,7 @@ func (c *Core) holdOnce(g *groupState, key, reason string, causes []ref, out *Ou
 // commands' ids, so ids follow emission order.
 func (c *Core) decision(g *groupState, action events.Action, from, to, reason string, causes []ref, ncmd int) (string, events.ArbiterDecision, ref) {
 	id := c.cfg.NewID()
-	d := events.ArbiterDecision{Group: g.cfg.Name, Action: action, From: from, To: to, Reason: reason}
+	d := events.ArbiterDecision{Group: g.cfg.Name, Action: action, From: from, To: to, Reason: reason, Trigger: c.trigger, Input: c.input, InputAudit: c.inputAudit, InputLive: c.inputLive}
 	for _, r := range causes {
 		d.CausedBy = append(d.CausedBy, r.id)
 	}
@@ -612,13 +659,13 @@ func (c *Core) decision(g *groupState, action events.Action, from, to, reason st
 
 func (c *Core) emit(out *Output, id string, d events.ArbiterDecision, primary ref) {
 	out.Emits = append(out.Emits, Emit{ID: id, Payload: d, Options: []events.Option{
-		events.WithID(id), events.CausedByID(primary.id, corrOf(primary)), events.WithEpoch(c.epoch),
+		events.WithID(id), events.CausedByID(primary.id, corrOf(primary)), events.WithEpoch(c.epoch), events.At(c.now.UTC()),
 	}})
 }
 
 func (c *Core) emitCommand(out *Output, id string, p events.Payload, cause ref) {
 	out.Emits = append(out.Emits, Emit{ID: id, Payload: p, Options: []events.Option{
-		events.WithID(id), events.CausedByID(cause.id, cause.corr), events.WithEpoch(c.epoch),
+		events.WithID(id), events.CausedByID(cause.id, cause.corr), events.WithEpoch(c.epoch), events.At(c.now.UTC()),
 	}})
 }
 

@@ -44,13 +44,18 @@ func (c *Core) Operate(now time.Time, r Request) (Reply, Output) {
 	if !c.leading {
 		return Reply{Message: notLeading}, Output{}
 	}
+	c.trigger = events.TriggerOperator
 	c.affected = c.affected[:0]
+	c.replyFor = c.replyFor[:0]
 	out := Output{Emits: []Emit{{}}} // the action's record goes first, once its outcome is known
 	trig := ref{id: r.ID, corr: r.RequestedID}
 	accepted, msg := c.operate(now, r, trig, &out)
 	if accepted {
 		for _, gi := range c.affected {
 			c.evaluate(c.groups[gi], now, &trig, &out)
+		}
+		if len(c.replyFor) > 0 {
+			msg += ": " + plannedReply(c.replyFor)
 		}
 	}
 	rep := Reply{Accepted: accepted, Message: msg}
@@ -63,8 +68,9 @@ func (c *Core) Operate(now time.Time, r Request) (Reply, Output) {
 		rep.Message += fmt.Sprintf(" (%d decision(s))", len(rep.Decisions))
 	}
 	act := events.OperatorAction{Verb: r.Verb, Group: r.Group, Node: r.Node, Reason: r.Reason, Operator: r.Operator,
-		Comment: r.Comment, Accepted: accepted, Outcome: rep.Message}
-	opts := []events.Option{events.WithID(r.ID), events.WithEpoch(c.epoch)}
+		Comment: r.Comment, Accepted: accepted, Outcome: rep.Message, Drain: r.Drain, WithinMS: r.WithinMS, Cancel: r.Cancel, Input: c.input,
+		InputAudit: c.inputAudit, InputLive: c.inputLive}
+	opts := []events.Option{events.WithID(r.ID), events.WithEpoch(c.epoch), events.At(now.UTC())}
 	if r.RequestedID != "" {
 		opts = append(opts, events.CausedByID(r.RequestedID, r.RequestedID))
 	}
@@ -93,12 +99,19 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 	}
 	switch r.Verb {
 	case events.OpSwitchover:
+		if r.Cancel {
+			return c.cancelPlanned(r, trig, out)
+		}
 		g, bad := c.group(r.Group)
 		if g == nil {
 			return false, bad
 		}
 		to := r.Node
 		switch {
+		case g.planned != nil && !g.planned.gaveUp && r.Drain != events.DrainNow:
+			p := g.planned
+			return false, fmt.Sprintf("a %s, asked by %s at %s, is waiting: cancel it first (fanctl switchover --cancel --group %s), or move now (--now)",
+				p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), g.cfg.Name)
 		case !slices.Contains(g.cfg.Nodes, to):
 			return false, fmt.Sprintf("%s is not a node of group %s", to, g.cfg.Name)
 		case g.pending != nil:
@@ -111,8 +124,26 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 			return false, fmt.Sprintf("%s cannot take group %s: %s", to, g.cfg.Name, c.whyNot(g, to, now))
 		}
 		from := g.holder
-		c.operatorMove(g, now, events.ActionSwitchover, to, fmt.Sprintf("switchover to %s by operator %s", to, who), trig, out)
-		return true, fmt.Sprintf("switchover of %s from %s to %s decided", g.cfg.Name, orNone(from), to)
+		// A holder that is down carries no calls worth waiting for.
+		if from != "" && r.Drain != events.DrainNow && !c.judgeHolder(g, from, now).down {
+			if g.planned != nil { // a standby's wait that gave up: this request takes over
+				g.planned = nil
+			}
+			c.startPlanned(g, now, r, to, trig)
+			c.replyFor = append(c.replyFor, g)
+			return true, fmt.Sprintf("switchover (drain %s)", orWait(r.Drain))
+		}
+		msg := fmt.Sprintf("switchover of %s from %s to %s decided", g.cfg.Name, orNone(from), to)
+		if from != "" {
+			msg += " (now: " + c.cutCount(from) + ")"
+		}
+		if p := g.planned; p != nil {
+			c.endPlanned(g, events.PlannedCancelled, fmt.Sprintf("%s, asked by %s at %s, replaced by a switchover now by %s with %s",
+				p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator, c.countNow(p.from)), []ref{trig}, out)
+		}
+		c.operatorMove(g, now, events.ActionSwitchover, to, fmt.Sprintf("switchover to %s by operator %s", to, who), trig, out,
+			r.Drain == events.DrainNow && from != "" && !c.drainedNow(g, from))
+		return true, msg
 
 	case events.OpFailback:
 		g, bad := c.group(r.Group)
@@ -125,12 +156,14 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 			return false, fmt.Sprintf("a claim on %s is outstanding; try again when it is settled", g.pending.node)
 		case h == "":
 			return false, fmt.Sprintf("group %s has no holder to fail back from", g.cfg.Name)
+		case g.planned != nil && !g.planned.gaveUp:
+			return false, fmt.Sprintf("a %s is waiting: cancel it first", g.planned.what(g))
 		}
 		to := c.failbackTarget(g, h, now)
 		if to == "" {
 			return false, fmt.Sprintf("no node of higher priority than %s can take group %s (%s)", h, g.cfg.Name, c.summaryAbove(g, h, now))
 		}
-		c.operatorMove(g, now, events.ActionFailback, to, fmt.Sprintf("manual failback to %s by operator %s", to, who), trig, out)
+		c.operatorMove(g, now, events.ActionFailback, to, fmt.Sprintf("manual failback to %s by operator %s", to, who), trig, out, false)
 		return true, fmt.Sprintf("failback of %s from %s to %s decided", g.cfg.Name, h, to)
 
 	case events.OpMaintenanceOn, events.OpMaintenanceOff:
@@ -180,32 +213,106 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 			return false, "no node " + n + " in any group"
 		}
 		if r.Verb == events.OpNodeStandby {
-			if c.isStandby(n) {
-				return true, n + " already in standby"
+			return c.standbyNode(now, r, trig, out)
+		}
+		if !c.isStandby(n) {
+			return true, n + " already active"
+		}
+		delete(c.standby, n)
+		msg := n + " active"
+		for _, gi := range c.nodes[n].groups {
+			g := c.groups[gi]
+			if p := g.planned; p != nil && p.verb == events.OpNodeStandby && p.from == n {
+				what := fmt.Sprintf("%s, asked by %s at %s, cancelled by %s", p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator)
+				if !p.gaveUp {
+					what += " with " + c.countNow(n)
+				}
+				c.endPlanned(g, events.PlannedCancelled, what, []ref{trig}, out)
+				g.situation, g.reason, g.human = "", "", false
+				msg += "; " + what
 			}
-			c.standby[n] = trig
-		} else {
-			if !c.isStandby(n) {
-				return true, n + " already active"
-			}
-			delete(c.standby, n)
 		}
 		c.touchNode(n)
-		return true, n + " " + map[bool]string{true: "in standby", false: "active"}[r.Verb == events.OpNodeStandby]
+		return true, msg
 	}
 	return false, "unknown verb " + string(r.Verb)
 }
 
 // operatorMove moves a group on an operator's word: the holder (if any)
 // releases first, and the move is not counted against the flap cap.
-func (c *Core) operatorMove(g *groupState, now time.Time, action events.Action, to, reason string, trig ref, out *Output) {
+// forced marks a move made with calls up (--now on a busy holder).
+func (c *Core) operatorMove(g *groupState, now time.Time, action events.Action, to, reason string, trig ref, out *Output, forced bool) {
 	h := g.holder
 	var release []string
 	prev, fenced := g.lastHolder, g.lastFenced
+	causes := append([]ref{trig}, c.nodeCauses(g, to)...)
 	if h != "" {
 		release, prev, fenced = []string{h}, h, true
+		if forced {
+			reason += "; FORCED with " + c.countNow(h)
+			causes = append(causes, c.nodes[h].hbRef)
+		}
 	}
-	c.move(g, now, action, h, to, reason, append([]ref{trig}, c.nodeCauses(g, to)...), release, prev, fenced, out)
+	c.move(g, now, action, h, to, reason, causes, release, prev, fenced, out,
+		func(d *events.ArbiterDecision) { d.Forced = forced })
+}
+
+// drainedNow reports whether h is known to carry no more than the limit.
+func (c *Core) drainedNow(g *groupState, h string) bool {
+	ok, _, _ := c.drained(g, h, c.now)
+	return ok
+}
+
+// standbyNode is fanctl node standby: the node may hold nothing, and each
+// group it holds moves away once it has drained (or at once with --now).
+// Asked again for a node already in standby, it starts the waits that
+// gave up over again.
+func (c *Core) standbyNode(now time.Time, r Request, trig ref, out *Output) (bool, string) {
+	n := r.Node
+	already := c.isStandby(n)
+	if !already {
+		c.standby[n] = trig
+	}
+	var cut []string
+	for _, gi := range c.nodes[n].groups {
+		g := c.groups[gi]
+		if g.holder != n || g.pending != nil {
+			continue
+		}
+		p := g.planned
+		if r.Drain == events.DrainNow {
+			if p != nil && p.verb == events.OpNodeStandby {
+				// leaveStandby moves it at once once the wait is gone.
+				c.endPlanned(g, events.PlannedCancelled, fmt.Sprintf("%s, asked by %s at %s, replaced by a standby now by %s with %s",
+					p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator, c.countNow(n)), []ref{trig}, out)
+			}
+			cut = append(cut, g.cfg.Name+": "+c.cutCount(n))
+			continue
+		}
+		if c.judgeHolder(g, n, now).down {
+			continue // no calls worth waiting for: leaving it is a failover
+		}
+		if p == nil || p.gaveUp {
+			g.planned = nil
+			c.startPlanned(g, now, r, "", trig)
+			c.replyFor = append(c.replyFor, g)
+		}
+	}
+	c.touchNode(n)
+	switch {
+	case len(cut) > 0:
+		return true, n + " in standby (now: " + strings.Join(cut, "; ") + ")"
+	case already && len(c.replyFor) == 0:
+		return true, n + " already in standby"
+	}
+	return true, n + " in standby"
+}
+
+func orWait(m events.DrainMode) events.DrainMode {
+	if m == "" {
+		return events.DrainWait
+	}
+	return m
 }
 
 func (c *Core) summaryAbove(g *groupState, h string, now time.Time) string {

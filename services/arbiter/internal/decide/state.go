@@ -33,21 +33,22 @@ type StandbyNode struct {
 
 // GroupState is one group's standing.
 type GroupState struct {
-	Name                 string       `json:"name"`                             // restored
-	Holder               string       `json:"holder,omitempty"`                 // restored: confirmed holder
-	PreviousHolder       string       `json:"previous_holder,omitempty"`        // restored
-	PreviousHolderFenced bool         `json:"previous_holder_fenced,omitempty"` // restored
-	Claim                *Claim       `json:"claim,omitempty"`                  // restored: outstanding claim
-	LastMove             time.Time    `json:"last_move,omitzero"`               // restored
-	HoldDownUntil        time.Time    `json:"hold_down_until,omitzero"`         // informational
-	Situation            string       `json:"situation,omitempty"`              // the last hold explained
-	NeedsHuman           bool         `json:"needs_human,omitempty"`            // informational: the standing hold asks for a human
-	Permit               *Permit      `json:"permit,omitempty"`                 // restored: last failback permit seen
-	Maintenance          string       `json:"maintenance,omitempty"`            // restored: operator's freeze of the group
-	FlapFrozen           string       `json:"flap_frozen,omitempty"`            // restored: the move cap's freeze
-	Moves                []time.Time  `json:"moves,omitempty"`                  // restored: automatic moves in the last hour
-	Frozen               string       `json:"frozen,omitempty"`                 // informational: why no automatic move, if frozen
-	Nodes                []NodeStatus `json:"nodes,omitempty"`                  // informational
+	Name                 string        `json:"name"`                             // restored
+	Holder               string        `json:"holder,omitempty"`                 // restored: confirmed holder
+	PreviousHolder       string        `json:"previous_holder,omitempty"`        // restored
+	PreviousHolderFenced bool          `json:"previous_holder_fenced,omitempty"` // restored
+	Claim                *Claim        `json:"claim,omitempty"`                  // restored: outstanding claim
+	LastMove             time.Time     `json:"last_move,omitzero"`               // restored
+	HoldDownUntil        time.Time     `json:"hold_down_until,omitzero"`         // informational
+	Situation            string        `json:"situation,omitempty"`              // the last hold explained
+	NeedsHuman           bool          `json:"needs_human,omitempty"`            // informational: the standing hold asks for a human
+	Permit               *Permit       `json:"permit,omitempty"`                 // restored: last failback permit seen
+	Maintenance          string        `json:"maintenance,omitempty"`            // restored: operator's freeze of the group
+	FlapFrozen           string        `json:"flap_frozen,omitempty"`            // restored: the move cap's freeze
+	Moves                []time.Time   `json:"moves,omitempty"`                  // restored: automatic moves in the last hour
+	Frozen               string        `json:"frozen,omitempty"`                 // informational: why no automatic move, if frozen
+	Planned              *PlannedState `json:"planned,omitempty"`                // restored: the operator's planned move
+	Nodes                []NodeStatus  `json:"nodes,omitempty"`                  // informational
 }
 
 // Claim is an outstanding claim: the shell must keep it across a change of
@@ -74,7 +75,8 @@ type Permit struct {
 // NodeStatus is the arbiter's view of one node within a group.
 type NodeStatus struct {
 	Node          string        `json:"node"`
-	Health        events.Health `json:"health"` // the group's HealthCheck as its own prober reports it
+	Health        events.Health `json:"health"`                // the group's HealthCheck as its own prober reports it
+	HealthSince   time.Time     `json:"health_since,omitzero"` // when Health took its value (arbiter's clock)
 	LastHeartbeat time.Time     `json:"last_heartbeat,omitzero"`
 	Silent        bool          `json:"silent"`
 	Eligible      bool          `json:"eligible"`
@@ -103,13 +105,16 @@ func (c *Core) Snapshot() State {
 			gs.Claim = &Claim{CommandID: p.cmdID, CorrelationID: p.corr, Node: p.node, Action: p.action, Deadline: p.deadline,
 				PreviousHolder: p.prevHolder, PreviousHolderFenced: p.prevFenced}
 		}
+		if p := g.planned; p != nil {
+			gs.Planned = p.state(c, g)
+		}
 		if p := g.permit; p != nil {
 			gs.Permit = &Permit{Window: p.window, ValidFrom: p.from, ValidUntil: p.until, EventID: p.cause.id}
 		}
 		for _, n := range g.cfg.Nodes {
 			st := NodeStatus{Node: n, Health: events.HealthUnknown, LastHeartbeat: c.presence(n).lastHB, Standby: c.isStandby(n)}
 			if o := c.selfObs(g, n); o != nil {
-				st.Health = o.health
+				st.Health, st.HealthSince = o.health, o.at
 			}
 			if !now.IsZero() {
 				st.Silent = c.silent(n, now)
@@ -156,6 +161,11 @@ func (c *Core) Restore(s State) error {
 		if gs.Claim != nil && gs.Claim.CommandID == "" {
 			return fmt.Errorf("restore: group %s: claim without a command id", gs.Name)
 		}
+		if gs.Planned != nil {
+			if err := gs.Planned.validate(g); err != nil {
+				return fmt.Errorf("restore: group %s: %w", gs.Name, err)
+			}
+		}
 		if !slices.IsSortedFunc(gs.Moves, func(a, b time.Time) int { return a.Compare(b) }) {
 			return fmt.Errorf("restore: group %s: move history out of order", gs.Name)
 		}
@@ -189,6 +199,10 @@ func (c *Core) Restore(s State) error {
 		clear(g.told)
 		g.situation, g.reason, g.human = "", "", false
 		g.maintenance, g.flapFrozen, g.moves = gs.Maintenance, gs.FlapFrozen, slices.Clone(gs.Moves)
+		g.planned = nil
+		if gs.Planned != nil {
+			g.planned = gs.Planned.restore()
+		}
 		g.permit = nil
 		if p := gs.Permit; p != nil && p.EventID != "" {
 			g.permit = &permit{window: p.Window, from: p.ValidFrom, until: p.ValidUntil, cause: ref{id: p.EventID}}

@@ -21,6 +21,7 @@ import (
 // could leave two nodes answering.
 func (c *Core) ClaimUnsent(now time.Time, commandID string) Output {
 	c.clock(now)
+	c.trigger = events.TriggerTakeover
 	var out Output
 	if !c.leading {
 		return out

@@ -7,23 +7,35 @@ package httphb
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"log"
 	"log/slog"
 	"math"
 	"net/http"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // DefaultMaxBody bounds a heartbeat body; a real one is about 200 bytes.
 const DefaultMaxBody = 4096
+
+// Defaults of the per-source rate limit: a host posts once a minute, an
+// operator lists now and then; ten at once and one a second is plenty.
+const (
+	DefaultRate       = 1.0
+	DefaultBurst      = 10
+	DefaultMaxSources = 10000
+)
 
 // Emitter publishes an event (bus.Bus.Emit).
 type Emitter func(ctx context.Context, p events.Payload, opts ...events.Option) (events.Envelope, error)
@@ -40,16 +52,25 @@ type Config struct {
 	Nodes    []string
 	MaxBody  int64
 	Interval time.Duration // the interval_ms the events carry when the body gives none
+	// Rate and Burst are each source address's token bucket (requests a
+	// second, and at once); MaxSources bounds the addresses tracked.
+	Rate       float64
+	Burst      int
+	MaxSources int
+	// Metrics, when set, gets fan_httphb_refused_total.
+	Metrics prometheus.Registerer
 }
 
 // Handler serves both routes.
 type Handler struct {
-	cfg  Config
-	emit Emitter
-	list Lister
-	log  *slog.Logger
-	mu   sync.Mutex
-	seq  map[string]uint64
+	cfg     Config
+	emit    Emitter
+	list    Lister
+	log     *slog.Logger
+	limit   *limiter
+	refused *prometheus.CounterVec
+	mu      sync.Mutex
+	seq     map[string]uint64
 }
 
 // New returns the handler.
@@ -57,7 +78,69 @@ func New(cfg Config, emit Emitter, list Lister, log *slog.Logger) *Handler {
 	if cfg.MaxBody <= 0 {
 		cfg.MaxBody = DefaultMaxBody
 	}
-	return &Handler{cfg: cfg, emit: emit, list: list, log: log, seq: map[string]uint64{}}
+	if cfg.Rate <= 0 {
+		cfg.Rate = DefaultRate
+	}
+	if cfg.Burst <= 0 {
+		cfg.Burst = DefaultBurst
+	}
+	if cfg.MaxSources <= 0 {
+		cfg.MaxSources = DefaultMaxSources
+	}
+	h := &Handler{cfg: cfg, emit: emit, list: list, log: log, seq: map[string]uint64{},
+		limit: newLimiter(cfg.Rate, cfg.Burst, cfg.MaxSources, time.Now),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fan_httphb_refused_total",
+			Help: "Requests the HTTP heartbeat endpoint refused, by reason (unauthorized, rate_limited, tls, invalid, ...).",
+		}, []string{"reason"})}
+	for _, r := range refusalReasons {
+		h.refused.WithLabelValues(r)
+	}
+	if cfg.Metrics != nil {
+		cfg.Metrics.MustRegister(h.refused)
+	}
+	return h
+}
+
+// Why a request was refused: the label of fan_httphb_refused_total.
+const (
+	refusedUnauthorized = "unauthorized"
+	refusedRateLimited  = "rate_limited"
+	refusedMethod       = "method"
+	refusedNotFound     = "not_found"
+	refusedUnknownNode  = "unknown_node"
+	refusedMediaType    = "media_type"
+	refusedTooLarge     = "too_large"
+	refusedMalformed    = "malformed"
+	refusedInvalid      = "invalid"
+	refusedTLS          = "tls"
+	refusedPlaintext    = "plaintext"
+	refusedConns        = "too_many_connections"
+)
+
+var refusalReasons = []string{refusedUnauthorized, refusedRateLimited, refusedMethod, refusedNotFound,
+	refusedUnknownNode, refusedMediaType, refusedTooLarge, refusedMalformed, refusedInvalid, refusedTLS, refusedPlaintext, refusedConns}
+
+// refuse answers a 4xx, counts it and logs it with the source address.
+func (h *Handler) refuse(w http.ResponseWriter, r *http.Request, reason string, code int, format string, a ...any) {
+	h.refused.WithLabelValues(reason).Inc()
+	msg := fmt.Sprintf(format, a...)
+	h.log.Warn("http heartbeat refused", "source", r.RemoteAddr, "reason", reason, "status", code,
+		"method", r.Method, "path", r.URL.Path, "err", msg)
+	fail(w, code, "%s", msg)
+}
+
+// source is the peer's address; the endpoint trusts no forwarding header
+// (behind a proxy every request would share the proxy's bucket).
+func source(r *http.Request) netip.Addr { return hostOf(r.RemoteAddr) }
+
+// hostOf is the address of an "address:port" (the zero Addr if it is not one).
+func hostOf(addrPort string) netip.Addr {
+	ap, err := netip.ParseAddrPort(addrPort)
+	if err != nil {
+		return netip.Addr{}
+	}
+	return ap.Addr().Unmap()
 }
 
 // Body is what a host posts. Pointers tell "absent" from zero.
@@ -87,11 +170,24 @@ func fail(w http.ResponseWriter, code int, format string, a ...any) {
 }
 
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch h.limit.allow(source(r)) {
+	case allowed:
+	case limitedFirst, tableFull:
+		w.Header().Set("Retry-After", "1")
+		h.refuse(w, r, refusedRateLimited, http.StatusTooManyRequests, "too many requests from this address")
+		return
+	case limitedAgain:
+		// Counted, not logged: the first refusal of the run was.
+		h.refused.WithLabelValues(refusedRateLimited).Inc()
+		w.Header().Set("Retry-After", "1")
+		fail(w, http.StatusTooManyRequests, "too many requests from this address")
+		return
+	}
 	switch r.URL.Path {
 	case "/api/servers/heartbeat":
 		if r.Method != http.MethodPost {
 			w.Header().Set("Allow", http.MethodPost)
-			fail(w, http.StatusMethodNotAllowed, "use POST")
+			h.refuse(w, r, refusedMethod, http.StatusMethodNotAllowed, "use POST")
 			return
 		}
 		if h.authorized(w, r) {
@@ -100,22 +196,36 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case "/api/servers":
 		if r.Method != http.MethodGet {
 			w.Header().Set("Allow", http.MethodGet)
-			fail(w, http.StatusMethodNotAllowed, "use GET")
+			h.refuse(w, r, refusedMethod, http.StatusMethodNotAllowed, "use GET")
 			return
 		}
 		if h.authorized(w, r) {
 			h.servers(w, r)
 		}
 	default:
-		fail(w, http.StatusNotFound, "no such endpoint")
+		h.refuse(w, r, refusedNotFound, http.StatusNotFound, "no such endpoint")
 	}
 }
 
+// bearer returns the token of an Authorization header. The scheme is
+// matched without regard to case (RFC 7235 section 2.1: "Bearer", "bearer"
+// and "BEARER" are the same scheme).
+func bearer(header string) (string, bool) {
+	scheme, tok, ok := strings.Cut(strings.TrimSpace(header), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(tok), true
+}
+
 func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
-	tok, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(h.cfg.Token)) != 1 {
+	tok, ok := bearer(r.Header.Get("Authorization"))
+	// Compared as digests: ConstantTimeCompare returns at once on a length
+	// mismatch, which would tell a guesser the token's length.
+	got, want := sha256.Sum256([]byte(tok)), sha256.Sum256([]byte(h.cfg.Token))
+	if !ok || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="fan"`)
-		fail(w, http.StatusUnauthorized, "missing or wrong bearer token")
+		h.refuse(w, r, refusedUnauthorized, http.StatusUnauthorized, "missing or wrong bearer token")
 		return false
 	}
 	return true
@@ -123,7 +233,7 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
 
 func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
-		fail(w, http.StatusUnsupportedMediaType, "content type %q, want application/json", ct)
+		h.refuse(w, r, refusedMediaType, http.StatusUnsupportedMediaType, "content type %q, want application/json", ct)
 		return
 	}
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, h.cfg.MaxBody))
@@ -132,27 +242,27 @@ func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 	if err := dec.Decode(&b); err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			fail(w, http.StatusRequestEntityTooLarge, "body larger than %d bytes", h.cfg.MaxBody)
+			h.refuse(w, r, refusedTooLarge, http.StatusRequestEntityTooLarge, "body larger than %d bytes", h.cfg.MaxBody)
 			return
 		}
-		fail(w, http.StatusBadRequest, "malformed body: %v", err)
+		h.refuse(w, r, refusedMalformed, http.StatusBadRequest, "malformed body: %v", err)
 		return
 	}
 	if dec.More() {
-		fail(w, http.StatusBadRequest, "malformed body: more than one JSON value")
+		h.refuse(w, r, refusedMalformed, http.StatusBadRequest, "malformed body: more than one JSON value")
 		return
 	}
 	if err := events.ValidToken("node", b.Node); err != nil {
-		fail(w, http.StatusUnprocessableEntity, "%v", err)
+		h.refuse(w, r, refusedInvalid, http.StatusUnprocessableEntity, "%v", err)
 		return
 	}
 	if !slices.Contains(h.cfg.Nodes, b.Node) {
-		fail(w, http.StatusNotFound, "node %q may not post heartbeats here (http_heartbeat.nodes)", b.Node)
+		h.refuse(w, r, refusedUnknownNode, http.StatusNotFound, "node %q may not post heartbeats here (http_heartbeat.nodes)", b.Node)
 		return
 	}
 	hb, err := h.toEvent(b)
 	if err != nil {
-		fail(w, http.StatusUnprocessableEntity, "%v", err)
+		h.refuse(w, r, refusedInvalid, http.StatusUnprocessableEntity, "%v", err)
 		return
 	}
 	env, err := h.emit(r.Context(), hb)
@@ -176,6 +286,10 @@ func (h *Handler) toEvent(b Body) (*events.NodeHeartbeat, error) {
 		return nil, errors.New("active_channels and active_calls must not be negative")
 	case b.IntervalMS < 0:
 		return nil, errors.New("interval_ms must not be negative")
+	case b.IntervalMS != 0 && events.ValidHeartbeatInterval(b.IntervalMS) != nil:
+		// The arbiter counts a node silent after 3 x this: the same bound
+		// as every node.heartbeat on the bus.
+		return nil, events.ValidHeartbeatInterval(b.IntervalMS)
 	case len(b.Version) > 64:
 		return nil, errors.New("version longer than 64 bytes")
 	}
@@ -212,4 +326,29 @@ func (h *Handler) servers(w http.ResponseWriter, r *http.Request) {
 		recs = []events.NodeRecord{}
 	}
 	reply(w, http.StatusOK, map[string]any{"servers": recs})
+}
+
+// TLSErrorLog is the http.Server's ErrorLog: a failed TLS handshake
+// (plaintext to the TLS port, a scanner, an old client) is a refused
+// attempt like any other, logged with its source and counted.
+func (h *Handler) TLSErrorLog() *log.Logger {
+	return log.New(tlsErrorWriter{h}, "", 0)
+}
+
+type tlsErrorWriter struct{ h *Handler }
+
+func (w tlsErrorWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	// net/http writes "http: TLS handshake error from ADDR: ERR".
+	if rest, ok := strings.CutPrefix(line, "http: TLS handshake error from "); ok {
+		src, msg, _ := strings.Cut(rest, ": ")
+		if strings.Contains(msg, "does not look like a TLS handshake") {
+			return len(p), nil // counted as plaintext by GuardTLS
+		}
+		w.h.refused.WithLabelValues(refusedTLS).Inc()
+		w.h.log.Warn("http heartbeat refused", "source", src, "reason", refusedTLS, "err", msg)
+		return len(p), nil
+	}
+	w.h.log.Warn("http heartbeat server", "err", line)
+	return len(p), nil
 }

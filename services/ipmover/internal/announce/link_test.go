@@ -12,14 +12,14 @@ import (
 	"github.com/mdlayher/packet"
 	"github.com/vishvananda/netlink"
 
-	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
+	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 )
 
 // staleMAC is what the peer believes before the announcement: the old holder.
 const staleMAC = "02:00:5e:00:00:99"
 
 type lan struct {
-	pair *netnstest.Pair
+	pair *netlabtest.Pair
 	link *Link
 	nlB  *netlink.Handle
 }
@@ -28,7 +28,7 @@ type lan struct {
 // Link on A. B has an address of its own so its ARP/NDP stack is active.
 func newLAN(t testing.TB) *lan {
 	t.Helper()
-	p := netnstest.NewPair(t, "fanann", "vip0", "peer0")
+	p := netlabtest.NewPair(t, "fanann", "vip0", "peer0")
 	p.B.IP(t, "addr", "add", "192.0.2.2/24", "dev", "peer0")
 	p.B.IP(t, "addr", "add", "2001:db8::2/64", "dev", "peer0")
 	l, err := Open("vip0", nil, WithNamespace(p.A.Handle))
@@ -73,7 +73,7 @@ func (n *lan) neigh(t *testing.T, ip netip.Addr) string {
 func (n *lan) waitNeigh(t *testing.T, ip netip.Addr, within time.Duration, what string) {
 	t.Helper()
 	want := n.pair.MACA.String()
-	netnstest.WaitUntil(t, within, what, func() bool { return n.neigh(t, ip) == want })
+	netlabtest.WaitUntil(t, within, what, func() bool { return n.neigh(t, ip) == want })
 }
 
 // capture opens an ARP capture on B's interface.
@@ -199,7 +199,7 @@ func TestNAUpdatesPeer(t *testing.T) {
 // Without a usable link-local address the advertisement is sent from the
 // floating address itself.
 func TestNAFallsBackToFloatingSource(t *testing.T) {
-	p := netnstest.NewPair(t, "fanann", "vip0", "peer0")
+	p := netlabtest.NewPair(t, "fanann", "vip0", "peer0")
 	p.B.IP(t, "addr", "add", "2001:db8::2/64", "dev", "peer0")
 	p.A.IP(t, "addr", "flush", "dev", "vip0", "scope", "link")
 	vip := netip.MustParseAddr("2001:db8::101")
@@ -255,7 +255,7 @@ func TestProbeHonoursContext(t *testing.T) {
 }
 
 func TestOpenUnknownInterface(t *testing.T) {
-	p := netnstest.NewPair(t, "fanann", "vip0", "peer0")
+	p := netlabtest.NewPair(t, "fanann", "vip0", "peer0")
 	if _, err := Open("nosuch0", nil, WithNamespace(p.A.Handle)); err == nil {
 		t.Fatal("Open accepted a missing interface")
 	}

@@ -54,10 +54,9 @@ func TestConfigValidate(t *testing.T) {
 }
 
 type sent struct {
-	ip    netip.Addr
-	kind  string // "request", "reply", "na"
-	at    time.Time
-	since time.Duration
+	ip   netip.Addr
+	kind string // "request", "reply", "na"
+	at   time.Time
 }
 
 // fakeTx records packets; it can fail, and signals each send.

@@ -1,7 +1,7 @@
 // Package answer makes the node's PBX answer on a claimed floating address
 // and proves that it does.
 //
-// Three modes (facts/asterisk22.md, "Binding to a floating address"):
+// Three modes (docs/asterisk22.md, "Binding a floating address"):
 // hot, where Asterisk was started with ip_nonlocal_bind=1 and is already
 // bound, so the address appearing is enough; reload, an AMI Reload of the
 // configured modules (res_pjsip.so on Asterisk 22; chan_sip.so for `sip

@@ -11,10 +11,10 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/sipoptions"
-	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
 )
 
 // fakeSystemctl puts a script named systemctl in a directory of its own
@@ -88,7 +88,7 @@ func TestUnconfiguredModes(t *testing.T) {
 	}
 }
 
-// Reload against the AMI peer that follows facts/asterisk22.md: Success is
+// Reload against the AMI peer that follows docs/asterisk22.md: Success is
 // success, and a Response: Error (a failing Asterisk) is a failure.
 func TestReloadOverAMI(t *testing.T) {
 	peer, err := amipeer.Start(amipeer.Config{Username: "fan", Secret: "s3cret"})
@@ -125,7 +125,7 @@ func sipResponder(t *testing.T, drop int) string {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	go netnstest.ServeOPTIONS(c, drop)
+	go netlabtest.ServeOPTIONS(c, drop)
 	return c.LocalAddr().String()
 }
 

@@ -1,9 +1,10 @@
-// Package app wires the ipmover, the node executor: it reads this node's
-// commands from the bus, applies each at most once and only under a current
-// epoch and before its deadline, keeps the interface's floating addresses in
-// line with what it was told (a level-triggered reconcile loop), watches the
-// LAN for another MAC using them, makes the PBX answer on a claimed address
-// and proves it with SIP OPTIONS, and reports every outcome with timings.
+// Package app builds the ipmover from its file. `executor:` selects one
+// executor, each in its own package with its own configuration type:
+// ip (ipexec, the default: floating addresses), dns (dnsexec: a DNS name
+// between sites) or dispatcher (dispatchexec: a Kamailio dispatcher set).
+// The file is then read strictly as that executor's configuration, so a
+// key that belongs to another executor (interface: under executor: dns) is
+// refused like any unknown key, never silently ignored.
 package app
 
 import (
@@ -11,373 +12,156 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/netip"
-	"runtime"
+	"os"
+	"reflect"
+	"regexp"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
-	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/vishvananda/netns"
+	"go.yaml.in/yaml/v3"
 
-	"github.com/fanpbx/fan/pkg/ami"
-	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
-	"github.com/fanpbx/fan/services/ipmover/internal/allow"
-	"github.com/fanpbx/fan/services/ipmover/internal/announce"
-	"github.com/fanpbx/fan/services/ipmover/internal/answer"
-	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
-	"github.com/fanpbx/fan/services/ipmover/internal/conflict"
-	"github.com/fanpbx/fan/services/ipmover/internal/execute"
-	"github.com/fanpbx/fan/services/ipmover/internal/fence"
-	"github.com/fanpbx/fan/services/ipmover/internal/gateway"
-	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
-	"github.com/fanpbx/fan/services/ipmover/internal/sysctl"
-	"github.com/fanpbx/fan/services/ipmover/internal/vip"
+	"github.com/fanpbx/fan/services/ipmover/internal/dispatchexec"
+	"github.com/fanpbx/fan/services/ipmover/internal/dnsexec"
+	"github.com/fanpbx/fan/services/ipmover/internal/ipexec"
 )
 
-// Service is a configured ipmover.
-type Service struct {
-	cfg     Config
-	log     *slog.Logger
-	version string
-	// ns, when open, is the network namespace the interface lives in (labs
-	// and tests run several executors in one process); otherwise the
-	// process's own.
-	ns netns.NsHandle
+// Executors (the file's executor: key).
+const (
+	ExecutorIP         = "ip"
+	ExecutorDNS        = "dns"
+	ExecutorDispatcher = "dispatcher"
+)
 
-	fence    *fence.Store
-	allow    *allow.List
-	contract *execute.Contract
-	addrs    *vip.Manager
-	link     *announce.Link
-	loop     *reconcile.Loop
-	gw       *gateway.Gateway
-	answerer answer.Answerer
-	m        *metrics
+// The file as each executor reads it: the selector and its own keys.
+type (
+	ipFile struct {
+		Executor      string `yaml:"executor"`
+		ipexec.Config `yaml:",inline"`
+	}
+	dnsFile struct {
+		Executor       string `yaml:"executor"`
+		dnsexec.Config `yaml:",inline"`
+	}
+	dispatcherFile struct {
+		Executor            string `yaml:"executor"`
+		dispatchexec.Config `yaml:",inline"`
+	}
+)
 
-	pub      publisher
-	watch    func(context.Context, bus.WatchOptions, bus.EventHandler) error // the audit stream, for release results
-	kv       conflict.ReadKey
-	listKeys func(context.Context) ([]string, error) // group status keys
-	bg       sync.WaitGroup                          // event publications in flight
-	quiet    atomic.Int32                            // >0 while a command or policy changes addresses: not corrections
-	conds    *daemon.Conditions
-	// resyncRetry wakes runResyncRetries after an incomplete re-sync.
-	resyncRetry chan string
-
-	// act serialises changes of what is held (commands, conflict yields,
-	// bus-loss release, re-sync); mu guards the maps.
-	act    sync.Mutex
-	mu     sync.Mutex
-	claims map[string]conflict.Claim
-	groups map[string][]netip.Prefix // every group ever seen, to its prefixes
-	queued []events.AddressCorrection
-}
-
-// publisher is what the service needs from the bus to report (*bus.Bus).
-type publisher interface {
-	Emit(ctx context.Context, p events.Payload, opts ...events.Option) (events.Envelope, error)
-}
+// files maps each executor to its file type, for the key check below.
+var files = map[string]any{ExecutorIP: ipFile{}, ExecutorDNS: dnsFile{}, ExecutorDispatcher: dispatcherFile{}}
 
 // Build loads and validates the configuration; it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
-	var cfg Config
-	if err := config.Load(o.ConfigPath, &cfg); err != nil {
-		return nil, err
-	}
-	return New(cfg, o.Logger, o.Version), nil
-}
-
-// New builds an ipmover from a validated configuration.
-func New(cfg Config, log *slog.Logger, version string) *Service {
-	al, err := cfg.allowList()
+	b, err := os.ReadFile(o.ConfigPath)
 	if err != nil {
-		al = &allow.List{} // Validate refuses such a file; allow nothing
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, ns: netns.None(), allow: al,
-		claims: map[string]conflict.Claim{}, groups: map[string][]netip.Prefix{}}
-}
-
-// open prepares everything that touches the node, before the bus: a
-// misconfigured interface or an unreadable state file fails at start-up,
-// not at the first failover.
-func (s *Service) open() (_ func(), err error) {
-	var closers []func()
-	closeAll := func() {
-		for _, c := range slices.Backward(closers) {
-			c()
-		}
-	}
-	// closeAll is a local, not the named result: an error return sets the
-	// result to nil before this deferred clean-up runs.
-	defer func() {
-		if err != nil {
-			closeAll()
-		}
-	}()
-	if s.fence, err = fence.Open(s.cfg.StateFile, fence.DefaultKeep); err != nil {
-		// A corrupt state file could re-open old epochs: refuse to start.
-		return nil, fmt.Errorf("ipmover state: %w", err)
-	}
-	if s.addrs, err = vip.New(s.cfg.Interface, s.log, vip.WithNamespace(s.ns)); err != nil {
-		return nil, fmt.Errorf("ipmover interface: %w", err)
-	}
-	closers = append(closers, s.addrs.Close)
-	if s.link, err = announce.Open(s.cfg.Interface, s.log, announce.WithNamespace(s.ns)); err != nil {
-		return nil, fmt.Errorf("ipmover announcer: %w", err)
-	}
-	closers = append(closers, func() { s.link.Close() })
-	ann, err := announce.New(s.link, s.cfg.Announce.schedule(), s.log)
-	if err != nil {
-		return nil, fmt.Errorf("ipmover announcer: %w", err)
-	}
-	gwCfg, err := s.cfg.Gateway.build()
+	svc, err := Parse(o.ConfigPath, b, o.Logger, o.Version)
 	if err != nil {
 		return nil, err
 	}
-	if s.gw, err = gateway.New(gwCfg, s.cfg.Interface, s.ns, s.log); err != nil {
-		return nil, err
+	// The bus credentials must be there, and the state file is created at
+	// the first start in a directory that must exist (the unit's
+	// StateDirectory, the package's tmpfiles.d): -check-config names a
+	// missing one. Only here, not in Parse: a configuration is also parsed
+	// where the paths are not this host's.
+	var files struct {
+		Bus       bus.Config `yaml:"bus"`
+		StateFile string     `yaml:"state_file"`
 	}
-	closers = append(closers, s.gw.Close)
-	switch s.cfg.Answer.Mode {
-	case events.AnswerHot:
-		// Hot standby: Asterisk binds the floating address at start-up
-		// although it is absent, so claiming it is all it takes
-		// (facts/asterisk22.md, point 4). Asterisk must start after this.
-		// Write only what differs: in a container /proc/sys is read-only,
-		// and the operator sets these with the container's sysctls instead.
-		sys := sysctl.Namespace{NS: s.ns}
-		for _, k := range []string{"net.ipv4.ip_nonlocal_bind", "net.ipv6.ip_nonlocal_bind"} {
-			if v, err := sys.Get(k); err == nil && strings.TrimSpace(v) == "1" {
-				continue
-			}
-			if err := sys.Set(k, "1"); err != nil {
-				return nil, fmt.Errorf("answer mode hot: %w", err)
-			}
-		}
-	case events.AnswerReload:
-		pbx := ami.NewSession(ami.Config{Addr: s.cfg.AMI.Address, Username: s.cfg.AMI.Username, Secret: s.cfg.AMI.Secret}, s.log)
-		closers = append(closers, func() { pbx.Close() })
-		s.answerer.Reload = pbx
-	case events.AnswerRestart:
-		s.answerer.Restart = &answer.Systemctl{Path: s.cfg.Answer.Systemctl, Unit: s.cfg.Answer.Unit}
+	_ = yaml.Unmarshal(b, &files) // Parse has read it strictly already
+	common := daemon.Common{Bus: files.Bus}
+	if err := config.First(common.CheckFiles(), config.ParentDirExists("state_file", files.StateFile)); err != nil {
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
-	s.m = newMetrics(s.link)
-	watchCtx, stopWatch := context.WithCancel(context.Background())
-	closers = append(closers, stopWatch)
-	changed, err := s.addrs.Watch(watchCtx)
-	if err != nil {
-		return nil, fmt.Errorf("ipmover watch: %w", err)
-	}
-	s.loop = reconcile.New(s.addrs, ann, reconcile.Config{
-		Period: s.cfg.ReconcilePeriod.D(), Changed: changed, Logger: s.log, OnChange: s.onChange,
-	})
-	return closeAll, nil
+	return svc, nil
 }
 
-// Run executes commands until ctx ends, then releases every address it
-// holds: a stopped ipmover must never leave an address answering.
-func (s *Service) Run(ctx context.Context) error {
-	switch s.cfg.Executor {
+// Parse is Build for a file already read; name is used in error messages.
+func Parse(name string, b []byte, log *slog.Logger, version string) (daemon.Service, error) {
+	var sel struct {
+		Executor string `yaml:"executor"`
+	}
+	// Only the selector, leniently: the strict read follows.
+	if err := yaml.Unmarshal(b, &sel); err != nil {
+		return nil, fmt.Errorf("config %s: %w", name, err)
+	}
+	switch sel.Executor {
+	case "", ExecutorIP:
+		var f ipFile
+		if err := parseAs(name, b, &f, ExecutorIP); err != nil {
+			return nil, err
+		}
+		return ipexec.New(f.Config, log, version), nil
 	case ExecutorDNS:
-		return s.runDNS(ctx)
+		var f dnsFile
+		if err := parseAs(name, b, &f, ExecutorDNS); err != nil {
+			return nil, err
+		}
+		return noRelease{dnsexec.New(f.Config, log, version)}, nil
 	case ExecutorDispatcher:
-		return s.runDispatcher(ctx)
-	}
-	closeAll, err := s.open()
-	if err != nil {
-		return err
-	}
-	defer closeAll()
-	return daemon.Serve(ctx, s.cfg.Common, "ipmover", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		for _, c := range s.m.all {
-			if err := rt.Metrics.Register(c); err != nil {
-				return fmt.Errorf("ipmover metrics: %w", err)
-			}
-		}
-		// Results and reports go through the outbox: retried until the
-		// audit stream stores them, without holding up the next command.
-		s.pub = rt.Outbox
-		s.watch = rt.Bus.Watch
-		s.conds = rt.Conditions
-		s.conds.Declare(condResyncIncomplete)
-		s.resyncRetry = make(chan string, 1)
-		leases, err := rt.Bus.LeaseRecords(ctx, events.ArbiterLease)
-		if err != nil {
-			return err
-		}
-		s.contract = s.newContract(execute.NewLeaseTerms(leases))
-		// The state bucket is opened on first use and again after a failed
-		// open, so a bucket unreachable at start does not leave every
-		// later re-sync and confirmation failing.
-		var kvMu sync.Mutex
-		var kvOpen jetstream.KeyValue
-		stateKV := func(ctx context.Context) (jetstream.KeyValue, error) {
-			kvMu.Lock()
-			defer kvMu.Unlock()
-			if kvOpen == nil {
-				kv, err := rt.Bus.StateKV(ctx)
-				if err != nil {
-					return nil, err
-				}
-				kvOpen = kv
-			}
-			return kvOpen, nil
-		}
-		s.kv = readKV(stateKV)
-		s.listKeys = func(ctx context.Context) ([]string, error) {
-			kv, err := stateKV(ctx)
-			if err != nil {
-				return nil, err
-			}
-			l, err := kv.ListKeysFiltered(ctx, events.AllGroupStatusKeys(s.cfg.Cluster))
-			if err != nil {
-				return nil, err
-			}
-			var keys []string
-			for k := range l.Keys() {
-				keys = append(keys, k)
-			}
-			return keys, nil
-		}
-		s.resyncOrRetry(ctx, "start")
-
-		// Background work lives until the commands stop, not until ctx
-		// ends, so nothing re-adds an address after the release below.
-		bgCtx, stopBG := context.WithCancel(context.WithoutCancel(ctx))
-		defer stopBG()
-		var wg sync.WaitGroup
-		// The watchdog counts the reconcile loop alive while it turns (at
-		// least once a period).
-		alive := rt.Loop("reconcile", 3*s.cfg.ReconcilePeriod.D()+5*time.Second)
-		wg.Go(func() {
-			defer alive.Done()
-			if err := s.loop.RunTurning(bgCtx, alive.Alive); err != nil {
-				s.log.Error("reconcile loop stopped", "err", err)
-			}
-		})
-		var resolver *conflict.Resolver
-		if s.cfg.Conflict.Watch == nil || *s.cfg.Conflict.Watch {
-			resolver = conflict.NewResolver(s, conflict.Config{
-				Node: s.cfg.Node, OwnMAC: s.link.HardwareAddr().String(),
-				Confirm:     conflict.Confirmer{Cluster: s.cfg.Cluster, Node: s.cfg.Node, Read: s.kv}.Confirm,
-				Report:      s.reportConflict,
-				Timeout:     s.cfg.Conflict.ConfirmTimeout.D(),
-				MinInterval: s.cfg.Conflict.MinInterval.D(),
-				Logger:      s.log,
-			})
-			wg.Go(func() {
-				if err := s.link.WatchARP(bgCtx, func(seen announce.Seen) { resolver.Seen(bgCtx, seen) }); err != nil {
-					s.log.Error("ARP conflict watch stopped", "err", err)
-				}
-			})
-		}
-		wg.Go(func() { s.runResyncRetries(bgCtx) })
-		s.m.busContact.Set(1)
-		wg.Go(func() {
-			busloss.Run(bgCtx, busloss.Config{
-				Policy: s.cfg.BusLoss.Policy, ReleaseAfter: s.cfg.BusLoss.ReleaseAfter.D(), CheckEvery: s.cfg.BusLoss.CheckEvery.D(),
-				Check: func(ctx context.Context) error {
-					err := rt.Bus.NC.FlushWithContext(ctx)
-					s.m.busContact.Set(map[bool]float64{true: 1, false: 0}[err == nil])
-					return err
-				},
-				OnRelease:  s.releaseForBusLoss,
-				OnRegained: func(time.Duration) { s.regained(bgCtx) },
-				Logger:     s.log,
-			})
-		})
-
-		err = rt.Bus.ConsumeCommands(ctx, s.cfg.Node, s.contract.Handle)
-
-		// Stop order matters: commands are no longer consumed and the loop,
-		// watcher and monitor are stopped, so nothing re-adds an address;
-		// then every managed address is removed while the bus is still up
-		// to report it.
-		stopBG()
-		wg.Wait()
-		if resolver != nil {
-			resolver.Wait()
-		}
-		sctx, cancel := rt.ShutdownContext(ctx)
-		defer cancel()
-		if rerr := s.releaseAll(sctx); rerr != nil {
-			s.log.Error("release on stop failed", "err", rerr)
-			err = errors.Join(err, rerr)
-		} else {
-			s.log.Info("released all floating addresses on stop")
-		}
-		s.bg.Wait()
-		return err
-	})
-}
-
-// newContract puts this executor under the command contract.
-func (s *Service) newContract(terms execute.Terms) *execute.Contract {
-	return execute.New(execute.Config{
-		Fence: s.fence, Terms: terms, Executor: s, Publisher: s.pub, Node: s.cfg.Node, Logger: s.log,
-		Observe: func(step string, el time.Duration) { s.m.steps.WithLabelValues(step).Observe(el.Seconds()) },
-		Count:   func(t events.Type, o events.Outcome) { s.m.commands.WithLabelValues(string(t), string(o)).Inc() },
-		Refused: func(reason string) { s.m.refused.WithLabelValues(reason).Inc() },
-	})
-}
-
-// releaseAll gives up every address and the gateway role.
-func (s *Service) releaseAll(ctx context.Context) error {
-	s.act.Lock()
-	defer s.act.Unlock()
-	s.quiet.Add(1)
-	defer s.quiet.Add(-1)
-	err := s.loop.ReleaseAll(ctx)
-	if gerr := s.gw.Undo(); gerr != nil {
-		err = errors.Join(err, gerr)
-	}
-	s.mu.Lock()
-	for g := range s.claims {
-		delete(s.claims, g)
-		s.m.holder.WithLabelValues(g).Set(0)
-	}
-	s.mu.Unlock()
-	return err
-}
-
-// readKV adapts the state bucket to conflict.ReadKey.
-func readKV(open func(context.Context) (jetstream.KeyValue, error)) conflict.ReadKey {
-	return func(ctx context.Context, key string) ([]byte, error) {
-		kv, err := open(ctx)
-		if err != nil {
+		var f dispatcherFile
+		if err := parseAs(name, b, &f, ExecutorDispatcher); err != nil {
 			return nil, err
 		}
-		e, err := kv.Get(ctx, key)
-		if errors.Is(err, jetstream.ErrKeyNotFound) {
-			return nil, nil
-		}
-		if err != nil {
-			return nil, err
-		}
-		return e.Value(), nil
+		return noRelease{dispatchexec.New(f.Config, log, version)}, nil
+	default:
+		return nil, fmt.Errorf("config %s: %w", name, config.Errf("executor", "unknown executor %q (ip, dns, dispatcher)", sel.Executor))
 	}
 }
 
-// inNS runs fn on a thread inside the service's namespace (sockets opened
-// there belong to it); the thread is discarded afterwards.
-func (s *Service) inNS(fn func() error) error {
-	if !s.ns.IsOpen() {
-		return fn()
+var unknownField = regexp.MustCompile(`field (\S+) not found in type`)
+
+// parseAs reads the file strictly into dst, and says so when a refused key
+// is one of another executor's.
+func parseAs(name string, b []byte, dst any, executor string) error {
+	err := config.Parse(name, b, dst)
+	var te *yaml.TypeError
+	if err == nil || !errors.As(err, &te) {
+		return err
 	}
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		if err := netns.Set(s.ns); err != nil {
-			errc <- fmt.Errorf("enter namespace: %w", err)
-			return
+	var why []string
+	for _, msg := range te.Errors {
+		m := unknownField.FindStringSubmatch(msg)
+		if m == nil {
+			continue
 		}
-		errc <- fn()
-	}()
-	return <-errc
+		for _, other := range []string{ExecutorIP, ExecutorDNS, ExecutorDispatcher} {
+			if other != executor && slices.Contains(keys(reflect.TypeOf(files[other])), m[1]) {
+				why = append(why, fmt.Sprintf("%s: a key of executor %s, not of executor %s", m[1], other, executor))
+				break
+			}
+		}
+	}
+	if len(why) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s)", err, strings.Join(why, "; "))
 }
+
+// keys lists the top-level YAML keys of a file type.
+func keys(t reflect.Type) []string {
+	var out []string
+	for f := range t.Fields() {
+		tag, opts, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+		switch {
+		case opts == "inline" && f.Type.Kind() == reflect.Struct:
+			out = append(out, keys(f.Type)...)
+		case tag != "" && tag != "-":
+			out = append(out, tag)
+		}
+	}
+	return out
+}
+
+// noRelease is an executor that leaves nothing on the node: -release-all
+// (systemd's ExecStopPost, the same unit for every executor) has nothing to
+// do, since a DNS name or a dispatcher set stays as the arbiter last set it.
+type noRelease struct{ daemon.Service }
+
+// ReleaseAll implements daemon.Releaser.
+func (noRelease) ReleaseAll(context.Context) error { return nil }

@@ -1,619 +1,132 @@
 package app
 
 import (
-	"context"
-	"encoding/json"
 	"log/slog"
-	"net"
-	"net/netip"
 	"os"
 	"path/filepath"
-	"slices"
+	"regexp"
 	"strings"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
-	"github.com/vishvananda/netlink"
-
-	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/bus"
-	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
-	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
-	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
-	"github.com/fanpbx/fan/services/ipmover/internal/execute"
-	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
+	"github.com/fanpbx/fan/services/ipmover/internal/dispatchexec"
+	"github.com/fanpbx/fan/services/ipmover/internal/dnsexec"
+	"github.com/fanpbx/fan/services/ipmover/internal/ipexec"
 )
 
-var (
-	vip4 = netip.MustParsePrefix("192.0.2.10/24")
-	vip6 = netip.MustParsePrefix("2001:db8::10/64")
-)
+const common = `cluster: lab
+node: n1
+bus: {url: "nats://127.0.0.1:4222"}
+state_file: /var/lib/fan/ipmover.json
+`
 
-const staleMAC = "02:00:5e:00:00:99"
+const ipKeys = `interface: eth0
+groups: [{name: pbx, prefixes: [192.0.2.10/32]}]
+`
 
-// harness is a LAN (n1, n2, client), a JetStream server, and a test bus
-// client that plays the arbiter: it writes the state bucket and publishes
-// fenced commands, and it records every event.
-type harness struct {
-	t     *testing.T
-	lan   *netnstest.LAN
-	srv   *server.Server
-	ctl   *bus.Bus
-	dir   string
-	mu    sync.Mutex
-	evs   []events.Envelope
-	pays  []events.Payload
-	svcs  map[string]*Service
-	stops map[string]func()
-	// terms are the lease terms the harness started (1..testTerms):
-	// executors refuse any other epoch.
-	terms []uint64
+const dnsKeys = `dns:
+  group: web
+  zone: voip.test
+  name: sip.voip.test
+  types: [A]
+  primary: 127.0.0.1:53
+  key: {name: k, secret: c2VjcmV0}
+  sites:
+    site-a: {a: [192.0.2.10]}
+    site-b: {a: [203.0.113.20]}
+`
+
+const dispatcherKeys = `dispatcher:
+  url: http://127.0.0.1:5071/RPC
+  group: pbx
+  nodes: {n1: "sip:192.0.2.11:5060"}
+`
+
+func parse(t *testing.T, file string) (daemon.Service, error) {
+	t.Helper()
+	return Parse("test.yaml", []byte(file), slog.New(slog.DiscardHandler), "test")
 }
 
-func newHarness(t *testing.T) *harness {
-	t.Helper()
-	lan := netnstest.NewLAN(t, "fanapp", "n1", "n2", "cl")
-	for i, h := range []string{"n1", "n2", "cl"} {
-		ns := lan.Hosts[h]
-		ns.IP(t, "addr", "add", "192.0.2."+string(rune('1'+i))+"/24", "dev", netnstest.LANInterface)
-		ns.IP(t, "addr", "add", "2001:db8::"+string(rune('1'+i))+"/64", "dev", netnstest.LANInterface, "nodad")
+// executor: selects one executor, and the file is read as that executor's
+// configuration alone: a key of another executor is refused, naming the
+// key and whose it is, and so is an unknown executor.
+func TestExecutorSelectsItsOwnKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		want       any // the service built, or nil when refused
+		refusal    string
+	}{
+		{"ip by default", common + ipKeys, &ipexec.Service{}, ""},
+		{"ip", common + "executor: ip\n" + ipKeys, &ipexec.Service{}, ""},
+		{"dns", common + "executor: dns\n" + dnsKeys, noRelease{}, ""},
+		{"dispatcher", "cluster: lab\nnode: k1\nbus: {url: \"nats://127.0.0.1:4222\"}\nexecutor: dispatcher\n" + dispatcherKeys, noRelease{}, ""},
+		{"interface under dns", common + "executor: dns\ninterface: eth0\n" + dnsKeys, nil, "interface: a key of executor ip, not of executor dns"},
+		{"bus_loss under dns", common + "executor: dns\nbus_loss: {policy: release}\n" + dnsKeys, nil, "bus_loss: a key of executor ip, not of executor dns"},
+		{"dns under ip", common + ipKeys + dnsKeys, nil, "dns: a key of executor dns, not of executor ip"},
+		{"groups under dispatcher", "cluster: lab\nnode: k1\nbus: {url: \"nats://127.0.0.1:4222\"}\nexecutor: dispatcher\n" + ipKeys + dispatcherKeys, nil, "a key of executor ip, not of executor dispatcher"},
+		{"unknown key", common + ipKeys + "interfaces: eth1\n", nil, "field interfaces not found"},
+		{"unknown executor", common + "executor: carrier-pigeon\n", nil, `unknown executor "carrier-pigeon"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			svc, err := parse(t, tc.file)
+			if tc.want == nil {
+				if err == nil || !strings.Contains(err.Error(), tc.refusal) {
+					t.Fatalf("err = %v, want a refusal saying %q", err, tc.refusal)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			switch tc.want.(type) {
+			case *ipexec.Service:
+				if _, ok := svc.(*ipexec.Service); !ok {
+					t.Fatalf("built %T", svc)
+				}
+			case noRelease:
+				nr, ok := svc.(noRelease)
+				if !ok {
+					t.Fatalf("built %T", svc)
+				}
+				_, dns := nr.Service.(*dnsexec.Service)
+				_, disp := nr.Service.(*dispatchexec.Service)
+				if dns != strings.Contains(tc.file, "executor: dns") || disp != strings.Contains(tc.file, "executor: dispatcher") {
+					t.Fatalf("built %T", nr.Service)
+				}
+			}
+		})
 	}
-	h := newBusHarness(t)
-	h.lan = lan
-	// A SIP stack on each node, bound to the floating address before it
-	// exists (ip_nonlocal_bind): the hot-standby PBX.
-	for _, n := range []string{"n1", "n2"} {
-		ns := lan.Hosts[n]
-		ns.Sysctl(t, "net.ipv4.ip_nonlocal_bind", "1")
-		var (
-			c   net.PacketConn
-			err error
-		)
-		ns.Do(t, func() { c, err = net.ListenPacket("udp", netip.AddrPortFrom(vip4.Addr(), 5060).String()) })
+}
+
+// Every example configuration in the repository still loads.
+func TestExampleConfigsLoad(t *testing.T) {
+	files, _ := filepath.Glob("../../../../deploy/*/*/ipmover.yaml")
+	more, _ := filepath.Glob("../../../../deploy/*/*/*/ipmover.yaml")
+	files = append(files, more...)
+	if len(files) == 0 {
+		t.Fatal("no example ipmover.yaml found")
+	}
+	// The compose lab's files carry no bus section: deploy/compose/creds.sh
+	// appends the one `fanctl nats-config` writes for the host, of this shape.
+	const generatedBus = `
+bus:
+  url: "tls://nats:4222"
+  nkey_seed: "/etc/fan/bus/ipmover.nk"
+  tls:
+    ca: "/etc/fan/bus/ca.pem"
+    cert: "/etc/fan/bus/ipmover-cert.pem"
+    key: "/etc/fan/bus/ipmover-key.pem"
+`
+	for _, f := range files {
+		b, err := os.ReadFile(f)
 		if err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { c.Close() })
-		go netnstest.ServeOPTIONS(c, 0)
-	}
-	return h
-}
-
-// newBusHarness is the harness without a LAN: a JetStream server and the
-// test client playing the arbiter, for executors that touch no interface.
-func newBusHarness(t *testing.T) *harness {
-	t.Helper()
-	srv := bustest.Server(t)
-	h := &harness{t: t, srv: srv, dir: t.TempDir(), svcs: map[string]*Service{}, stops: map[string]func(){}}
-	h.ctl = bustest.Connect(t, srv, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
-	for i := range testTerms {
-		if term := h.startTerm(); term != uint64(i+1) {
-			t.Fatalf("lease record %d stored at sequence %d: the command stream is not fresh", i+1, term)
+		if strings.Contains(filepath.ToSlash(f), "deploy/compose/config/") && !regexp.MustCompile(`(?m)^bus:`).Match(b) {
+			b = append(b, generatedBus...)
 		}
-		h.terms = append(h.terms, uint64(i+1))
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	watching := make(chan struct{})
-	go func() {
-		close(watching)
-		_ = h.ctl.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
-			func(env events.Envelope, p events.Payload, _ uint64) {
-				h.mu.Lock()
-				h.evs, h.pays = append(h.evs, env), append(h.pays, p)
-				h.mu.Unlock()
-			})
-	}()
-	<-watching
-	t.Cleanup(cancel)
-	return h
-}
-
-func (h *harness) config(node string) Config {
-	cfg := Config{
-		Common:          daemon.Common{Cluster: "lab", Node: node, Bus: bus.Config{URL: h.srv.ClientURL()}, ShutdownTimeout: config.Duration(5 * time.Second)},
-		Interface:       netnstest.LANInterface,
-		Groups:          []GroupConfig{{Name: "pbx", Prefixes: []string{vip4.String(), vip6.String()}}},
-		StateFile:       filepath.Join(h.dir, node+"-state.json"),
-		ReconcilePeriod: config.Duration(500 * time.Millisecond),
-		Conflict:        ConflictConfig{MinInterval: config.Duration(200 * time.Millisecond)},
-	}
-	return cfg
-}
-
-// start runs an ipmover for node inside its namespace until the test ends.
-func (h *harness) start(cfg Config) *Service {
-	t := h.t
-	t.Helper()
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	s := New(cfg, log, "test")
-	if h.lan != nil {
-		s.ns = h.lan.Hosts[cfg.Node].Handle
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.Run(ctx) }()
-	stop := func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Logf("%s stopped: %v", cfg.Node, err)
+		if _, err := Parse(f, b, slog.New(slog.DiscardHandler), "test"); err != nil {
+			t.Errorf("%s: %v", f, err)
 		}
-	}
-	once := sync.OnceFunc(stop)
-	t.Cleanup(once)
-	h.svcs[cfg.Node], h.stops[cfg.Node] = s, once
-	// Ready once its service announcement is on the bus.
-	h.waitEvent("ipmover on "+cfg.Node+" started", func(env events.Envelope, p events.Payload) bool {
-		a, ok := p.(*events.ServiceAnnounce)
-		return ok && a.Service == "ipmover" && a.Node == cfg.Node && a.State == events.ServiceStarted
-	})
-	return s
-}
-
-func (h *harness) putStatus(gs events.GroupStatus, arbiterState string) {
-	h.t.Helper()
-	kv, err := h.ctl.StateKV(h.t.Context())
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	b, _ := json.Marshal(gs)
-	if _, err := kv.Put(h.t.Context(), events.GroupStatusKey("lab", gs.Group), b); err != nil {
-		h.t.Fatal(err)
-	}
-	if arbiterState != "" {
-		if _, err := kv.Put(h.t.Context(), events.ArbiterStateKey("lab"), []byte(arbiterState)); err != nil {
-			h.t.Fatal(err)
-		}
-	}
-}
-
-func (h *harness) send(epoch uint64, cmd events.Command) events.Envelope {
-	h.t.Helper()
-	env, err := events.New(h.ctl.Source(), "lab", cmd, events.WithEpoch(epoch))
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if err := h.ctl.Publish(h.t.Context(), env, cmd); err != nil {
-		h.t.Fatal(err)
-	}
-	return env
-}
-
-// sendRaw publishes cmd with any epoch at all, as a stranger could.
-func (h *harness) sendRaw(epoch uint64, cmd events.Command) events.Envelope {
-	h.t.Helper()
-	env, err := events.New(h.ctl.Source(), "lab", cmd, events.WithEpoch(1))
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	env.Epoch = epoch
-	data, err := env.Encode()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	if _, err := h.ctl.JS.Publish(h.t.Context(), events.Subject(env, cmd), data); err != nil {
-		h.t.Fatal(err)
-	}
-	return env
-}
-
-// testTerms is how many lease terms a harness starts before anything else,
-// so the tests' epochs 1..testTerms are terms that exist (the first records
-// of a fresh command stream have sequences 1, 2, ...).
-const testTerms = 10
-
-// term checks that the test's epoch n is one of the terms the harness
-// started, and returns it.
-func (h *harness) term(n uint64) uint64 {
-	h.t.Helper()
-	if n < 1 || n > uint64(len(h.terms)) {
-		h.t.Fatalf("epoch %d: the harness started terms 1..%d only", n, len(h.terms))
-	}
-	return h.terms[n-1]
-}
-
-// startTerm publishes a lease record that starts a term, as the arbiter
-// does when it acquires the lease, and returns the term.
-func (h *harness) startTerm() uint64 {
-	h.t.Helper()
-	data, err := json.Marshal(events.LeaseRecord{Holder: "ctl", At: time.Now()})
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	ack, err := h.ctl.JS.Publish(h.t.Context(), events.LeaseSubject("lab", events.ArbiterLease), data)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return ack.Sequence
-}
-
-// lastSeq is the command stream's last sequence.
-func (h *harness) lastSeq() uint64 {
-	h.t.Helper()
-	st, err := h.ctl.JS.Stream(h.t.Context(), bus.CommandsStream)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return st.CachedInfo().State.LastSeq
-}
-
-func (h *harness) waitEvent(what string, match func(events.Envelope, events.Payload) bool) (events.Envelope, events.Payload) {
-	h.t.Helper()
-	var (
-		env events.Envelope
-		p   events.Payload
-	)
-	netnstest.WaitUntil(h.t, 15*time.Second, what, func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		for i := range h.evs {
-			if match(h.evs[i], h.pays[i]) {
-				env, p = h.evs[i], h.pays[i]
-				return true
-			}
-		}
-		return false
-	})
-	return env, p
-}
-
-func (h *harness) result(cmd events.Envelope) *events.CommandResult {
-	h.t.Helper()
-	_, p := h.waitEvent("result of "+cmd.ID, func(env events.Envelope, p events.Payload) bool {
-		r, ok := p.(*events.CommandResult)
-		return ok && r.CommandID == cmd.ID && env.CausationID == cmd.ID
-	})
-	return p.(*events.CommandResult)
-}
-
-func (h *harness) holds(node string, p netip.Prefix) bool {
-	h.t.Helper()
-	out := h.lan.Hosts[node].IP(h.t, "-o", "addr", "show", "dev", netnstest.LANInterface)
-	return strings.Contains(out, " "+p.String()+" ")
-}
-
-func (h *harness) neigh(ip netip.Addr) string {
-	h.t.Helper()
-	fam := netlink.FAMILY_V4
-	if ip.Is6() {
-		fam = netlink.FAMILY_V6
-	}
-	list, err := h.lan.Hosts["cl"].Netlink(h.t).NeighList(h.lan.Index["cl"], fam)
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, e := range list {
-		if a, ok := netip.AddrFromSlice(e.IP); ok && a.Unmap() == ip {
-			return e.HardwareAddr.String()
-		}
-	}
-	return ""
-}
-
-func stepNames(r *events.CommandResult) []string {
-	var out []string
-	for _, s := range r.Steps {
-		out = append(out, s.Name)
-	}
-	return out
-}
-
-func claimCmd(node string, fenced bool, prev string) *events.ClaimIP {
-	return &events.ClaimIP{Group: "pbx", Node: node, Addresses: []string{vip4.String(), vip6.String()},
-		NotAfter: time.Now().Add(30 * time.Second), PreviousHolder: prev, PreviousHolderFenced: fenced}
-}
-
-func releaseCmd(node string) *events.ReleaseIP {
-	return &events.ReleaseIP{Group: "pbx", Node: node, Addresses: []string{vip4.String(), vip6.String()},
-		NotAfter: time.Now().Add(30 * time.Second), Reason: "test"}
-}
-
-func pendingState(epoch int, node, cmdID string) string {
-	return `{"epoch":` + itoa(epoch) + `,"groups":[{"name":"pbx","claim":{"command_id":"` + cmdID + `","node":"` + node + `"}}]}`
-}
-
-func itoa(i int) string { b, _ := json.Marshal(i); return string(b) }
-
-// A placement then a failover, both addresses, real binaries' code paths:
-// the claim's result carries every step in order; the client's ARP and
-// neighbour entries follow the address within the first burst; the old
-// holder is left with nothing; the PBX answered SIP before "applied".
-func TestClaimMoveAndTimings(t *testing.T) {
-	h := newHarness(t)
-	h.lan.Hosts["cl"].IP(t, "neigh", "replace", vip4.Addr().String(), "lladdr", staleMAC, "dev", netnstest.LANInterface, "nud", "stale")
-	h.lan.Hosts["cl"].IP(t, "neigh", "replace", vip6.Addr().String(), "lladdr", staleMAC, "dev", netnstest.LANInterface, "nud", "stale")
-	s1 := h.start(h.config("n1"))
-	h.start(h.config("n2"))
-
-	// Placement: no previous holder, so the claim probes first.
-	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Epoch: 1}, pendingState(1, "n1", "x"))
-	c1 := h.send(1, claimCmd("n1", false, ""))
-	r1 := h.result(c1)
-	want := []string{StepReceived, StepProbed, StepAddressAdded, StepAnnounced, StepPBXAnswering, StepPBXVerified}
-	if r1.Outcome != events.OutcomeApplied || !slices.Equal(stepNames(r1), want) {
-		t.Fatalf("placement result %s %q steps %v; want applied with %v", r1.Outcome, r1.Error, stepNames(r1), want)
-	}
-	for i := 1; i < len(r1.Steps); i++ {
-		if r1.Steps[i].At.Before(r1.Steps[i-1].At) {
-			t.Fatalf("steps out of time order: %+v", r1.Steps)
-		}
-	}
-	t.Logf("placement steps (ms): %s", formatSteps(r1))
-	netnstest.WaitUntil(t, time.Second, "client follows n1", func() bool {
-		return h.neigh(vip4.Addr()) == h.lan.MACs["n1"].String() && h.neigh(vip6.Addr()) == h.lan.MACs["n1"].String()
-	})
-
-	// Failover to n2: release and claim at once, the claim naming n1
-	// fenced and waiting for n1's release, as the arbiter sends them when
-	// n1 is still on the bus.
-	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Epoch: 2}, pendingState(2, "n2", "y"))
-	claim2 := claimCmd("n2", true, "n1")
-	relEnv, err := events.New(h.ctl.Source(), "lab", releaseCmd("n1"), events.WithEpoch(2))
-	if err != nil {
-		t.Fatal(err)
-	}
-	claim2.AfterReleases = []string{relEnv.ID}
-	c2 := h.send(2, claim2) // the claim first: the wait must hold it back
-	if err := h.ctl.Publish(t.Context(), relEnv, releaseCmd("n1")); err != nil {
-		t.Fatal(err)
-	}
-	r2 := h.result(c2)
-	want = []string{StepReceived, StepReleased, StepAddressAdded, StepAnnounced, StepPBXAnswering, StepPBXVerified}
-	if r2.Outcome != events.OutcomeApplied || !slices.Equal(stepNames(r2), want) {
-		t.Fatalf("failover result %s %q steps %v; want applied with %v (no probe: previous holder fenced)", r2.Outcome, r2.Error, stepNames(r2), want)
-	}
-	t.Logf("failover steps (ms): %s", formatSteps(r2))
-	rr := h.result(relEnv)
-	if rr.Outcome != events.OutcomeApplied {
-		t.Fatalf("release: %s %s", rr.Outcome, rr.Error)
-	}
-	// n1 had let go before n2 took the address: never two at once.
-	if removed, added := rr.Steps[len(rr.Steps)-1].At, r2.Steps[2].At; !removed.Before(added) {
-		t.Fatalf("n2 added the address at %s, before n1 removed it at %s", added.Format("15:04:05.000000"), removed.Format("15:04:05.000000"))
-	}
-	// Within the first burst (5 × 200 ms) of the first announcement.
-	burstEnd := r2.Steps[3].At.Add(time.Second)
-	for _, ip := range []netip.Addr{vip4.Addr(), vip6.Addr()} {
-		for h.neigh(ip) != h.lan.MACs["n2"].String() {
-			if time.Now().After(burstEnd) {
-				t.Fatalf("client still maps %s to %s after the first burst; n2 is %s", ip, h.neigh(ip), h.lan.MACs["n2"])
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	if h.holds("n1", vip4) || h.holds("n1", vip6) || !h.holds("n2", vip4) || !h.holds("n2", vip6) {
-		t.Fatal("after the move n1 must hold nothing and n2 both addresses")
-	}
-
-	// Back to n1, naming a release that is never answered (its executor
-	// dead, say): the claim waits claim.release_wait, then goes ahead.
-	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Epoch: 3}, pendingState(3, "n1", "z"))
-	h.result(h.send(3, releaseCmd("n2")))
-	claim3 := claimCmd("n1", true, "n2")
-	claim3.AfterReleases = []string{"0193a1b2-0000-7000-8000-00000000dead"}
-	r3 := h.result(h.send(3, claim3))
-	if r3.Outcome != events.OutcomeApplied || len(r3.Steps) < 2 || r3.Steps[1].Name != StepNotReleased {
-		t.Fatalf("claim after an unanswered release: %s %q steps %v", r3.Outcome, r3.Error, stepNames(r3))
-	}
-	if waited := r3.Steps[1].At.Sub(r3.Steps[0].At); waited < DefaultReleaseWait {
-		t.Fatalf("gave up on the release after %s, before claim.release_wait %s", waited, DefaultReleaseWait)
-	}
-	// The claim-step histogram saw both of n1's claims.
-	if n := histogramCount(t, s1, StepAddressAdded); n != 2 {
-		t.Fatalf("n1's %s histogram count %d, want 2", StepAddressAdded, n)
-	}
-}
-
-func formatSteps(r *events.CommandResult) string {
-	var b strings.Builder
-	for _, s := range r.Steps {
-		b.WriteString(s.Name + "=" + strings.TrimRight(strings.TrimRight(jsonFloat(s.ElapsedMS), "0"), ".") + " ")
-	}
-	return b.String()
-}
-
-func jsonFloat(f float64) string { b, _ := json.Marshal(f); return string(b) }
-
-// Two ipmovers told to hold one address (a stale claim racing a current
-// one): each sees the other's announcements, checks the arbiter's state,
-// and exactly one keeps it; the other yields and says so.
-func TestRacingHoldersEndWithOne(t *testing.T) {
-	h := newHarness(t)
-	h.lan.Hosts["cl"].IP(t, "neigh", "replace", vip4.Addr().String(), "lladdr", staleMAC, "dev", netnstest.LANInterface, "nud", "stale")
-	h.start(h.config("n1"))
-	h.start(h.config("n2"))
-	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Holder: "n2", Epoch: 3}, "")
-	a := h.send(3, claimCmd("n1", true, "n2"))
-	b := h.send(3, claimCmd("n2", true, "n1"))
-	h.result(a)
-	h.result(b)
-	_, p := h.waitEvent("n1 yields", func(_ events.Envelope, p events.Payload) bool {
-		c, ok := p.(*events.AddressConflict)
-		return ok && c.Node == "n1" && c.Action == events.ConflictYielded
-	})
-	c := p.(*events.AddressConflict)
-	if c.OtherMAC != h.lan.MACs["n2"].String() || c.Holder != "n2" {
-		t.Fatalf("conflict %+v: want n2's MAC and holder n2", c)
-	}
-	netnstest.WaitUntil(t, 5*time.Second, "one holder", func() bool {
-		return !h.holds("n1", vip4) && !h.holds("n1", vip6) && h.holds("n2", vip4) && h.holds("n2", vip6)
-	})
-	netnstest.WaitUntil(t, 5*time.Second, "client follows n2", func() bool {
-		return h.neigh(vip4.Addr()) == h.lan.MACs["n2"].String()
-	})
-	// n2 never yields: it confirmed.
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, p := range h.pays {
-		if c, ok := p.(*events.AddressConflict); ok && c.Node == "n2" && c.Action != events.ConflictKept {
-			t.Fatalf("n2 reported %+v", c)
-		}
-	}
-}
-
-// A claim whose previous holder is not fenced is refused while another MAC
-// still answers ARP for the address, and nothing is added.
-func TestUnfencedClaimRefusedWhileAnswered(t *testing.T) {
-	h := newHarness(t)
-	h.start(h.config("n2"))
-	// n1 holds the address without an ipmover (say it was SIGKILLed).
-	h.lan.Hosts["n1"].IP(t, "addr", "add", vip4.String(), "dev", netnstest.LANInterface)
-	c := h.send(4, claimCmd("n2", false, "n1"))
-	r := h.result(c)
-	if r.Outcome != events.OutcomeFailed || !strings.Contains(r.Error, "answered by another host") {
-		t.Fatalf("result %s %q, want refused", r.Outcome, r.Error)
-	}
-	if h.holds("n2", vip4) {
-		t.Fatal("refused claim added the address")
-	}
-	h.waitEvent("refused conflict", func(_ events.Envelope, p events.Payload) bool {
-		c, ok := p.(*events.AddressConflict)
-		return ok && c.Action == events.ConflictRefused && c.OtherMAC == h.lan.MACs["n1"].String()
-	})
-}
-
-// A held address deleted behind the ipmover's back is back within one
-// reconcile period, announced again and reported as a correction.
-func TestVanishedAddressBack(t *testing.T) {
-	h := newHarness(t)
-	cfg := h.config("n1")
-	h.start(cfg)
-	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Holder: "n1", Epoch: 1}, "")
-	if r := h.result(h.send(1, claimCmd("n1", true, ""))); r.Outcome != events.OutcomeApplied {
-		t.Fatalf("claim: %s %s", r.Outcome, r.Error)
-	}
-	h.lan.Hosts["n1"].IP(t, "addr", "del", vip4.String(), "dev", netnstest.LANInterface)
-	gone := time.Now()
-	netnstest.WaitUntil(t, cfg.ReconcilePeriod.D(), "address back", func() bool { return h.holds("n1", vip4) })
-	t.Logf("re-added after %v", time.Since(gone))
-	h.waitEvent("readded correction", func(_ events.Envelope, p events.Payload) bool {
-		c, ok := p.(*events.AddressCorrection)
-		return ok && c.Kind == events.CorrectionReadded && c.Address == vip4.String()
-	})
-}
-
-// recorder stands in for the bus when a test drives handle directly.
-type recorder struct {
-	mu  sync.Mutex
-	got []events.Payload
-}
-
-func (r *recorder) Emit(_ context.Context, p events.Payload, _ ...events.Option) (events.Envelope, error) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.got = append(r.got, p)
-	return events.Envelope{}, nil
-}
-
-// A restarted ipmover with its state file acknowledges a redelivered claim
-// as a duplicate without acting, and refuses an older epoch.
-func TestRestartDoesNotReapply(t *testing.T) {
-	h := newHarness(t)
-	cfg := h.config("n1")
-	h.start(cfg)
-	h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String()}, Holder: "n1", Epoch: 5}, "")
-	claim := claimCmd("n1", true, "")
-	env := h.send(5, claim)
-	if r := h.result(env); r.Outcome != events.OutcomeApplied {
-		t.Fatalf("claim: %s %s", r.Outcome, r.Error)
-	}
-	// A clean stop releases.
-	h.stop("n1")
-	if h.holds("n1", vip4) {
-		t.Fatal("clean stop left the address behind")
-	}
-
-	if err := cfg.Validate(); err != nil {
-		t.Fatal(err)
-	}
-	s2 := New(cfg, slog.New(slog.DiscardHandler), "test")
-	s2.ns = h.lan.Hosts["n1"].Handle
-	closeAll, err := s2.open()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer closeAll()
-	rec := &recorder{}
-	s2.pub = rec
-	leases, err := h.ctl.LeaseRecords(t.Context(), events.ArbiterLease)
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2.contract = s2.newContract(execute.NewLeaseTerms(leases))
-	seq := h.lastSeq() + 1 // as if redelivered from the stream
-	s2.contract.Handle(t.Context(), env, claim, seq)
-	old, err := events.New(h.ctl.Source(), "lab", claimCmd("n1", true, ""), events.WithEpoch(4))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s2.contract.Handle(t.Context(), old, claimCmd("n1", true, ""), seq)
-	s2.bg.Wait()
-	if len(rec.got) != 2 {
-		t.Fatalf("%d results, want 2", len(rec.got))
-	}
-	if r := rec.got[0].(events.CommandResult); r.Outcome != events.OutcomeDuplicate {
-		t.Fatalf("redelivered claim after restart: %s %s", r.Outcome, r.Error)
-	}
-	if r := rec.got[1].(events.CommandResult); r.Outcome != events.OutcomeStaleEpoch {
-		t.Fatalf("older epoch after restart: %s %s", r.Outcome, r.Error)
-	}
-	if h.holds("n1", vip4) {
-		t.Fatal("a duplicate re-applied the claim")
-	}
-}
-
-// stop stops node's ipmover as SIGTERM would, and waits for it.
-func (h *harness) stop(node string) { h.stops[node]() }
-
-func histogramCount(t *testing.T, s *Service, step string) uint64 {
-	t.Helper()
-	var m dto.Metric
-	if err := s.m.steps.WithLabelValues(step).(prometheus.Metric).Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetHistogram().GetSampleCount()
-}
-
-// Bus-loss policy, both ways: with release the address is gone within the
-// lease (and no sooner), with hold it stays however long the bus is gone.
-func TestBusLossPolicies(t *testing.T) {
-	for _, policy := range []busloss.Policy{busloss.Release, busloss.Hold} {
-		t.Run(string(policy), func(t *testing.T) {
-			h := newHarness(t)
-			cfg := h.config("n1")
-			cfg.BusLoss = BusLossConfig{Policy: policy, ReleaseAfter: config.Duration(300 * time.Millisecond),
-				CheckEvery: config.Duration(50 * time.Millisecond), HeartbeatInterval: config.Duration(100 * time.Millisecond),
-				ArbiterSilentAfter: config.Duration(time.Second)}
-			h.start(cfg)
-			h.putStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String()}, Holder: "n1", Epoch: 1}, "")
-			if r := h.result(h.send(1, claimCmd("n1", true, ""))); r.Outcome != events.OutcomeApplied {
-				t.Fatalf("claim: %s %s", r.Outcome, r.Error)
-			}
-			cut := time.Now()
-			h.srv.Shutdown()
-			if policy == busloss.Release {
-				netnstest.WaitUntil(t, 5*time.Second, "released", func() bool { return !h.holds("n1", vip4) })
-				if d := time.Since(cut); d < 300*time.Millisecond {
-					t.Fatalf("released %v after the bus went, before the 300ms lease", d)
-				}
-				t.Logf("released %v after the bus went", time.Since(cut))
-				return
-			}
-			// Five leases' worth of silence: still held.
-			deadline := time.Now().Add(1500 * time.Millisecond)
-			for time.Now().Before(deadline) {
-				if !h.holds("n1", vip4) {
-					t.Fatalf("hold policy dropped the address %v after the bus went", time.Since(cut))
-				}
-				time.Sleep(50 * time.Millisecond)
-			}
-		})
 	}
 }

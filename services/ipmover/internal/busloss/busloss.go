@@ -26,6 +26,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -74,8 +76,24 @@ type Config struct {
 	// failed check, under either policy: the executor re-reads desired
 	// state (another node may have been given the address meanwhile).
 	OnRegained func(lostFor time.Duration)
-	Logger     *slog.Logger
+	// ClusterCheck, when set, asks something only the cluster's majority
+	// answers (a raft leader), at most every ClusterEvery while Check
+	// succeeds. On a NATS server shared with this host, Check keeps
+	// answering while the host is cut off from the other servers: the
+	// commands and the group status that moved the address meanwhile reach
+	// this node only once the server is back in the cluster, and nothing
+	// would tell the executor to look. Its failure is not a loss of the
+	// bus (a raft election elsewhere fails it too, while the arbiter still
+	// hears this node), so it never releases; its recovery calls
+	// OnRegained like the bus's.
+	ClusterCheck func(ctx context.Context) error
+	ClusterEvery time.Duration // default DefaultClusterEvery
+	Logger       *slog.Logger
 }
+
+// DefaultClusterEvery is how often the cluster is asked (each time out
+// after half of it).
+const DefaultClusterEvery = time.Second
 
 // Run checks contact until ctx ends.
 func Run(ctx context.Context, cfg Config) {
@@ -84,6 +102,29 @@ func Run(ctx context.Context, cfg Config) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("component", "busloss", "policy", cfg.Policy)
+	if cfg.ClusterEvery <= 0 {
+		cfg.ClusterEvery = DefaultClusterEvery
+	}
+	// OnRegained is called from this loop and from the cluster's, one at a
+	// time.
+	var regainMu sync.Mutex
+	regained := func(lostFor time.Duration) {
+		regainMu.Lock()
+		defer regainMu.Unlock()
+		if cfg.OnRegained != nil {
+			cfg.OnRegained(lostFor)
+		}
+	}
+	// The cluster is asked in a loop of its own, so that its slower round
+	// trip never delays this loop's checks: the release lease (package
+	// comment) has no slack for it.
+	var localOK atomic.Bool
+	localOK.Store(true)
+	if cfg.ClusterCheck != nil {
+		done := make(chan struct{})
+		defer func() { <-done }()
+		go func() { defer close(done); watchCluster(ctx, cfg, &localOK, regained, log) }()
+	}
 	lastOK := time.Now()
 	var lost, released bool
 	t := time.NewTicker(cfg.CheckEvery)
@@ -100,16 +141,16 @@ func Run(ctx context.Context, cfg Config) {
 		case err == nil:
 			if lost {
 				log.Info("bus contact regained", "lost_for", now.Sub(lastOK))
-				if cfg.OnRegained != nil {
-					cfg.OnRegained(now.Sub(lastOK))
-				}
+				regained(now.Sub(lastOK))
 			}
 			lastOK, lost, released = now, false, false
+			localOK.Store(true)
 		default:
 			if !lost {
 				log.Warn("bus contact lost", "err", err)
 			}
 			lost = true
+			localOK.Store(false)
 			if cfg.Policy == Release && !released && now.Sub(lastOK) >= cfg.ReleaseAfter {
 				released = true
 				log.Warn("bus lease ran out: releasing every held address", "lost_for", now.Sub(lastOK))
@@ -122,6 +163,45 @@ func Run(ctx context.Context, cfg Config) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		}
+	}
+}
+
+// watchCluster asks the cluster every ClusterEvery while this node's own
+// server answers, and calls regained when the cluster answers again after
+// it did not. While the own server is lost, the bus loop's own recovery
+// re-syncs, so a cluster loss seen meanwhile is forgotten.
+func watchCluster(ctx context.Context, cfg Config, localOK *atomic.Bool, regained func(time.Duration), log *slog.Logger) {
+	t := time.NewTicker(cfg.ClusterEvery)
+	defer t.Stop()
+	lastOK, lost := time.Now(), false
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if !localOK.Load() {
+			lastOK, lost = time.Now(), false
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, cfg.ClusterEvery/2)
+		err := cfg.ClusterCheck(cctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		now := time.Now()
+		switch {
+		case err == nil && lost:
+			log.Info("cluster contact regained", "lost_for", now.Sub(lastOK))
+			regained(now.Sub(lastOK))
+			lastOK, lost = now, false
+		case err == nil:
+			lastOK = now
+		case !lost:
+			log.Warn("cluster contact lost: this node's NATS server answers, the cluster's leaders do not", "err", err)
+			lost = true
 		}
 	}
 }

@@ -22,34 +22,56 @@ func TestValidateLease(t *testing.T) {
 }
 
 type harness struct {
-	reachable atomic.Bool
+	ctx       context.Context // the monitor's: ends when it is stopped
+	reachable atomic.Bool     // this node's own server answers
 	checks    atomic.Int64
-	mu        sync.Mutex
-	released  []time.Duration
-	regained  []time.Duration
+	// The cluster's side, for the tests that ask it (clusterAnswers).
+	clusterUp     atomic.Bool
+	clusterChecks atomic.Int64
+	mu            sync.Mutex
+	released      []time.Duration
+	regained      []time.Duration
 }
 
-func run(t *testing.T, p Policy) (*harness, func()) {
+// run starts a monitor checking every 10 ms with a 60 ms lease; with
+// cluster set, it also asks the cluster every 20 ms through it.
+func run(t *testing.T, p Policy, cluster func(h *harness, ctx context.Context) error) (*harness, func()) {
 	h := &harness{}
 	h.reachable.Store(true)
+	h.clusterUp.Store(true)
 	ctx, cancel := context.WithCancel(t.Context())
+	h.ctx = ctx
+	cfg := Config{
+		Policy: p, ReleaseAfter: 60 * time.Millisecond, CheckEvery: 10 * time.Millisecond,
+		Check: func(context.Context) error {
+			h.checks.Add(1)
+			if h.reachable.Load() {
+				return nil
+			}
+			return errors.New("no pong")
+		},
+		OnRelease:  func(d time.Duration) { h.mu.Lock(); h.released = append(h.released, d); h.mu.Unlock() },
+		OnRegained: func(d time.Duration) { h.mu.Lock(); h.regained = append(h.regained, d); h.mu.Unlock() },
+	}
+	if cluster != nil {
+		cfg.ClusterEvery = 20 * time.Millisecond
+		cfg.ClusterCheck = func(ctx context.Context) error { return cluster(h, ctx) }
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		Run(ctx, Config{
-			Policy: p, ReleaseAfter: 60 * time.Millisecond, CheckEvery: 10 * time.Millisecond,
-			Check: func(context.Context) error {
-				h.checks.Add(1)
-				if h.reachable.Load() {
-					return nil
-				}
-				return errors.New("no pong")
-			},
-			OnRelease:  func(d time.Duration) { h.mu.Lock(); h.released = append(h.released, d); h.mu.Unlock() },
-			OnRegained: func(d time.Duration) { h.mu.Lock(); h.regained = append(h.regained, d); h.mu.Unlock() },
-		})
+		Run(ctx, cfg)
 	}()
 	return h, func() { cancel(); <-done }
+}
+
+// clusterAnswers is a cluster check that answers while clusterUp.
+func clusterAnswers(h *harness, _ context.Context) error {
+	h.clusterChecks.Add(1)
+	if h.clusterUp.Load() {
+		return nil
+	}
+	return errors.New("no raft leader")
 }
 
 func (h *harness) snapshot() (rel, reg []time.Duration) {
@@ -72,7 +94,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // Release: once contact has been gone for the lease, the addresses go,
 // exactly once per loss, never earlier; contact regained is reported.
 func TestReleaseAfterLease(t *testing.T) {
-	h, stop := run(t, Release)
+	h, stop := run(t, Release, nil)
 	defer stop()
 	waitFor(t, "first good check", func() bool { return h.checks.Load() > 0 })
 	h.reachable.Store(false)
@@ -91,7 +113,7 @@ func TestReleaseAfterLease(t *testing.T) {
 // Hold: however long the bus is gone, nothing is released; contact
 // regained is still reported so desired state is re-read.
 func TestHoldNeverReleases(t *testing.T) {
-	h, stop := run(t, Hold)
+	h, stop := run(t, Hold, nil)
 	defer stop()
 	waitFor(t, "first good check", func() bool { return h.checks.Load() > 0 })
 	h.reachable.Store(false)
@@ -103,4 +125,41 @@ func TestHoldNeverReleases(t *testing.T) {
 	}
 	h.reachable.Store(true)
 	waitFor(t, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
+}
+
+// The cluster's leaders stop answering while this node's own server
+// still does (the host is cut off from the other servers): under the
+// release policy nothing is released, however long it lasts, and when the
+// cluster answers again desired state is re-read, once.
+func TestClusterLossNeverReleasesAndResyncsOnReturn(t *testing.T) {
+	h, stop := run(t, Release, clusterAnswers)
+	defer stop()
+	waitFor(t, "first cluster check", func() bool { return h.clusterChecks.Load() > 0 })
+	h.clusterUp.Store(false)
+	n := h.clusterChecks.Load()
+	// 20 failing cluster checks at 20ms is six leases' worth.
+	waitFor(t, "failing cluster checks", func() bool { return h.clusterChecks.Load() > n+20 })
+	if rel, reg := h.snapshot(); len(rel) != 0 || len(reg) != 0 {
+		t.Fatalf("on a cluster loss with the local server answering: released %v, regained %v; want neither", rel, reg)
+	}
+	h.clusterUp.Store(true)
+	waitFor(t, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
+	n = h.clusterChecks.Load()
+	waitFor(t, "more good cluster checks", func() bool { return h.clusterChecks.Load() > n+5 })
+	if _, reg := h.snapshot(); len(reg) != 1 {
+		t.Fatalf("regained reported %d times for one return, want 1", len(reg))
+	}
+}
+
+// A cluster check that hangs never holds the bus check back: the release
+// lease has no slack for it. Here the cluster's answer never comes while
+// the node's own server is lost; the release still happens.
+func TestHungClusterCheckNeverDelaysRelease(t *testing.T) {
+	// Hangs until the monitor stops, whatever its own deadline.
+	hang := func(h *harness, _ context.Context) error { <-h.ctx.Done(); return h.ctx.Err() }
+	h, stop := run(t, Release, hang)
+	defer stop()
+	time.Sleep(50 * time.Millisecond) // the cluster check is hanging by now
+	h.reachable.Store(false)
+	waitFor(t, "release", func() bool { rel, _ := h.snapshot(); return len(rel) == 1 })
 }

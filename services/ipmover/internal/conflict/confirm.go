@@ -3,8 +3,9 @@
 // the arbiter's current one, otherwise yield, and report either way.
 //
 // Yielding is the safe default. Two holders answering ARP for one address
-// split the phones between two PBXs (research/failover_anchors.md, pain
-// point 4); no holder for a moment is repaired by the arbiter's next claim.
+// split the phones between two PBXs (invariant 1 in docs/invariants.md:
+// calls set up on the wrong one are lost when it yields later); no holder
+// for a moment is repaired by the arbiter's next claim.
 package conflict
 
 import (

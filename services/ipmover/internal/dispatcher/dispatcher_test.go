@@ -3,38 +3,22 @@ package dispatcher
 import (
 	"errors"
 	"fmt"
+	"github.com/fanpbx/fan/pkg/platform/logtest"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/services/ipmover/internal/kamtest"
+	"github.com/fanpbx/fan/lab/kamailio"
+	"github.com/fanpbx/fan/lab/kamailio/kamailiotest"
 )
 
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func testLog(t testing.TB, extra io.Writer) *slog.Logger {
-	var w io.Writer = io.Discard
+	w := io.Discard
 	if testing.Verbose() {
 		w = t.Output()
 	}
@@ -47,7 +31,7 @@ func testLog(t testing.TB, extra io.Writer) *slog.Logger {
 type lab struct {
 	proxyPort int
 	listFile  string
-	proxy     *kamtest.Events
+	proxy     *kamailiotest.Events
 	client    *Client
 }
 
@@ -55,11 +39,11 @@ type lab struct {
 // for it, and waits until its JSON-RPC answers.
 func startLab(t *testing.T, list string, log *slog.Logger) *lab {
 	t.Helper()
-	l := &lab{proxyPort: kamtest.FreePort(t), listFile: filepath.Join(t.TempDir(), "dispatcher.list")}
+	l := &lab{proxyPort: kamailiotest.FreePort(t), listFile: filepath.Join(t.TempDir(), "dispatcher.list")}
 	if err := os.WriteFile(l.listFile, []byte(list), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	l.proxy = kamtest.Start(t, "proxy", kamtest.ProxyConfig(l.proxyPort, l.listFile))
+	l.proxy = kamailiotest.Start(t, "proxy", kamailio.ProxyConfig(l.proxyPort, l.listFile))
 	c, err := New(Config{URL: fmt.Sprintf("http://127.0.0.1:%d/RPC", l.proxyPort), ListFile: l.listFile,
 		Timeout: 2 * time.Second}, log)
 	if err != nil {
@@ -100,10 +84,10 @@ func flagsOf(t *testing.T, c *Client, uri string) string {
 // and A stays disabled through probing cycles although it answers OPTIONS;
 // after Sync sets A back to ap, calls reach A again.
 func TestSyncSteersCalls(t *testing.T) {
-	kamtest.Need(t, "kamailio", "sipp")
+	kamailiotest.Need(t, "kamailio", "sipp")
 	portA, portB := freeUDPPortDistinct(t)
-	uasA := kamtest.Start(t, "uas-a", kamtest.UASConfig("a", portA))
-	uasB := kamtest.Start(t, "uas-b", kamtest.UASConfig("b", portB))
+	uasA := kamailiotest.Start(t, "uas-a", kamailio.UASConfig("a", portA))
+	uasB := kamailiotest.Start(t, "uas-b", kamailio.UASConfig("b", portB))
 	uriA, uriB := fmt.Sprintf("sip:127.0.0.1:%d", portA), fmt.Sprintf("sip:127.0.0.1:%d", portB)
 	l := startLab(t, fmt.Sprintf("1 %s 8 0 duid=a\n1 %s 8 0 duid=b\n", uriA, uriB), testLog(t, nil))
 	ctx := t.Context()
@@ -117,7 +101,7 @@ func TestSyncSteersCalls(t *testing.T) {
 		t.Fatalf("sync of an already active pair: changes %+v, err %v; want none", changes, err)
 	}
 	a0, b0 := uasA.Count("INVITE a"), uasB.Count("INVITE b")
-	if err := kamtest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
+	if err := kamailiotest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
 		t.Fatal(err)
 	}
 	a1, b1 := uasA.Count("INVITE a"), uasB.Count("INVITE b")
@@ -129,7 +113,7 @@ func TestSyncSteersCalls(t *testing.T) {
 	// t.Context is cancelled before cleanups run, so a failing test kills
 	// this background SIPp; the cleanup waits until it is gone.
 	load, loadDone := make(chan error, 1), make(chan struct{})
-	go func() { load <- kamtest.SIPp(ctx, t, l.proxyPort, 200, 100); close(loadDone) }()
+	go func() { load <- kamailiotest.SIPp(ctx, t, l.proxyPort, 200, 100); close(loadDone) }()
 	t.Cleanup(func() { <-loadDone })
 	uasA.WaitFor(t, 10*time.Second, "calls at a under load", func() bool { return uasA.Count("INVITE a") >= a1+10 })
 	tSet := time.Now()
@@ -158,7 +142,7 @@ func TestSyncSteersCalls(t *testing.T) {
 		t.Fatalf("a after probing rounds: flags %s, want DX (d must stick)", f)
 	}
 	a2, b2 := uasA.Count("INVITE a"), uasB.Count("INVITE b")
-	if err := kamtest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
+	if err := kamailiotest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
 		t.Fatal(err)
 	}
 	if a, b := uasA.Count("INVITE a")-a2, uasB.Count("INVITE b")-b2; a != 0 || b != 10 {
@@ -173,7 +157,7 @@ func TestSyncSteersCalls(t *testing.T) {
 		t.Fatalf("a after re-enable: flags %s, want AP", f)
 	}
 	a3 := uasA.Count("INVITE a")
-	if err := kamtest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
+	if err := kamailiotest.SIPp(ctx, t, l.proxyPort, 10, 100); err != nil {
 		t.Fatal(err)
 	}
 	if uasA.Count("INVITE a") == a3 {
@@ -190,9 +174,9 @@ func TestSyncSteersCalls(t *testing.T) {
 }
 
 func freeUDPPortDistinct(t *testing.T) (int, int) {
-	a := kamtest.FreeUDPPort(t)
+	a := kamailiotest.FreeUDPPort(t)
 	for {
-		if b := kamtest.FreeUDPPort(t); b != a {
+		if b := kamailiotest.FreeUDPPort(t); b != a {
 			return a, b
 		}
 	}
@@ -202,10 +186,10 @@ func freeUDPPortDistinct(t *testing.T) (int, int) {
 // keeps a disabled node disabled across the reload, respects Kamailio's own
 // verdict on a dead node, and waits out reload_delta.
 func TestApplyList(t *testing.T) {
-	kamtest.Need(t, "kamailio")
-	logs := &lockedBuffer{}
+	kamailiotest.Need(t, "kamailio")
+	logs := &logtest.Buffer{}
 	// Nothing listens on these ports: Kamailio probes both down.
-	uriA, uriB := fmt.Sprintf("sip:127.0.0.1:%d", kamtest.FreeUDPPort(t)), fmt.Sprintf("sip:127.0.0.1:%d", kamtest.FreeUDPPort(t))
+	uriA, uriB := fmt.Sprintf("sip:127.0.0.1:%d", kamailiotest.FreeUDPPort(t)), fmt.Sprintf("sip:127.0.0.1:%d", kamailiotest.FreeUDPPort(t))
 	l := startLab(t, fmt.Sprintf("1 %s 8 0 weight=50\n1 %s 8 0 weight=50\n", uriA, uriB), testLog(t, logs))
 	ctx := t.Context()
 

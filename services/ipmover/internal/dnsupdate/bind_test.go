@@ -3,7 +3,7 @@ package dnsupdate
 import (
 	"testing"
 
-	"github.com/fanpbx/fan/services/ipmover/internal/bindtest"
+	"github.com/fanpbx/fan/lab/bindtest"
 )
 
 // zoneFile is the starting zone of every test. "other" exists but is outside

@@ -13,7 +13,7 @@ import (
 
 	"github.com/miekg/dns"
 
-	"github.com/fanpbx/fan/services/ipmover/internal/bindtest"
+	"github.com/fanpbx/fan/lab/bindtest"
 )
 
 var (

@@ -1,5 +1,7 @@
-// Package execute is the executor contract, written once. Every executor
-// (floating addresses, DNS) hands each command to a Contract, which:
+// Package execute is the command path, written once. An executor (floating
+// addresses, a DNS name) provides only Admit and Apply (Executor) and its
+// own configuration; a Contract consumes its commands (Consume: one at a
+// time, the one in hand finished before Consume returns) and, for each:
 //
 //  1. acknowledges a command already applied as a duplicate, whatever its
 //     epoch or deadline now (the arbiter must learn it was carried out);
@@ -77,7 +79,14 @@ type Config struct {
 	// counts refusals by reason (not_allowed, no_term).
 	Count   func(t events.Type, o events.Outcome)
 	Refused func(reason string)
+	// Finish bounds how long the command in hand may still run once
+	// Consume is asked to stop (DefaultFinish when zero).
+	Finish time.Duration
 }
+
+// DefaultFinish lets the command in hand finish on stop: a claim's answer
+// and verification take a few seconds at most.
+const DefaultFinish = 5 * time.Second
 
 // Contract applies commands under the rules in the package comment. Its
 // Handle is safe for concurrent use: commands are handled one at a time,
@@ -91,6 +100,9 @@ type Contract struct {
 func New(cfg Config) *Contract {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Finish <= 0 {
+		cfg.Finish = DefaultFinish
 	}
 	return &Contract{cfg: cfg}
 }
@@ -120,8 +132,9 @@ func (t *Timeline) Steps() []events.Step { return t.steps }
 
 // Reason labels of Config.Refused.
 const (
-	RefusedNoTerm     = "no_term"
-	RefusedNotAllowed = "not_allowed"
+	RefusedNoTerm      = "no_term"
+	RefusedNotAllowed  = "not_allowed"
+	RefusedFarDeadline = "far_deadline"
 )
 
 // Handle applies one command at most once and always reports what happened
@@ -173,6 +186,11 @@ func (c *Contract) decide(ctx context.Context, env events.Envelope, cmd events.C
 		return events.OutcomeDuplicate, nil, true
 	case fence.Expired:
 		return events.OutcomeExpired, fmt.Errorf("deadline %s passed %v ago", cmd.Deadline().Format(time.RFC3339Nano), received.Sub(cmd.Deadline())), false
+	}
+	if reach := cmd.Deadline().Sub(received); reach > events.MaxCommandReach {
+		c.refused(RefusedFarDeadline)
+		return events.OutcomeFailed, fmt.Errorf("deadline %s lies %v ahead, beyond the %v any arbiter sets",
+			cmd.Deadline().Format(time.RFC3339Nano), reach.Round(time.Second), events.MaxCommandReach), false
 	}
 	if err := c.cfg.Terms.Check(ctx, env.Epoch, seq); err != nil {
 		c.refused(RefusedNoTerm)

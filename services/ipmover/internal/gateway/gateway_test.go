@@ -5,14 +5,14 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
+	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/services/ipmover/internal/sysctl"
 )
 
 // In a namespace: Apply turns forwarding on and installs the route through
 // the LAN; Undo removes the route and puts forwarding back as it was.
 func TestApplyUndoInNamespace(t *testing.T) {
-	p := netnstest.NewPair(t, "fangw", "vip0", "peer0")
+	p := netlabtest.NewPair(t, "fangw", "vip0", "peer0")
 	p.A.IP(t, "addr", "add", "192.0.2.1/24", "dev", "vip0")
 	sys := sysctl.Namespace{NS: p.A.Handle}
 	hostBefore, err := sysctl.Namespace{}.Get("net.ipv4.ip_forward")

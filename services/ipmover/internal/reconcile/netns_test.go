@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
-	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
 	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
 	"github.com/fanpbx/fan/services/ipmover/internal/vip"
 )
@@ -16,7 +16,7 @@ import (
 // external `ip addr del` of a held address is undone within one period, and
 // the address is announced again; ReleaseAll then takes it off for good.
 func TestExternalDeleteUndoneInNamespace(t *testing.T) {
-	p := netnstest.NewPair(t, "fanrec", "vip0", "peer0")
+	p := netlabtest.NewPair(t, "fanrec", "vip0", "peer0")
 	held := netip.MustParsePrefix("192.0.2.10/24")
 	held6 := netip.MustParsePrefix("2001:db8::10/64")
 

@@ -52,11 +52,25 @@ const (
 	Failed    Kind = "failed" // an add, delete or first announcement failed; Err says which
 )
 
+// Cause says why the loop made a change.
+type Cause string
+
+const (
+	// Desired: desired state was set (SetDesired, ReleaseAll) and the
+	// change carries it out; it is the work of whoever set it (a command,
+	// a policy, a re-sync), which reports it.
+	Desired Cause = "desired"
+	// Drift: desired state was unchanged and the interface had moved away
+	// from it; the change is a correction the loop made on its own.
+	Drift Cause = "drift"
+)
+
 // Change is one correction the loop made (or failed to make).
 type Change struct {
 	Kind   Kind
 	Prefix netip.Prefix
 	Group  string // the group that most recently listed Prefix
+	Cause  Cause
 	Err    error
 	At     time.Time
 	// AnnouncedAt is when the first announcement of a new schedule had
@@ -100,6 +114,9 @@ type Loop struct {
 	installed map[netip.Prefix]bool   // present at the end of the last pass
 	fresh     map[netip.Prefix]bool   // newly claimed: announce anew even if present
 	stops     map[netip.Prefix]func() // running announcement schedules
+	// ordered holds the prefixes whose desired state was set since the
+	// last pass: that pass's changes to them have Cause Desired.
+	ordered map[netip.Prefix]bool
 }
 
 // New returns a Loop over the given address manager and announcer.
@@ -122,6 +139,7 @@ func New(addrs Addresses, ann Announcer, cfg Config) *Loop {
 		installed: map[netip.Prefix]bool{},
 		fresh:     map[netip.Prefix]bool{},
 		stops:     map[netip.Prefix]func(){},
+		ordered:   map[netip.Prefix]bool{},
 	}
 }
 
@@ -164,6 +182,13 @@ func (l *Loop) setDesired(groupName string, prefixes []string, hold bool) error 
 	l.mu.Lock()
 	prev := l.groups[groupName]
 	l.groups[groupName] = group{prefixes: ps, hold: hold}
+	// Prefixes the group listed before are ordered too: they go.
+	for _, p := range prev.prefixes {
+		l.ordered[p] = true
+	}
+	for _, p := range ps {
+		l.ordered[p] = true
+	}
 	for _, p := range ps {
 		l.owner[p] = groupName
 		if hold && (!prev.hold || !slices.Contains(prev.prefixes, p)) {
@@ -303,11 +328,18 @@ func (l *Loop) pass() ([]Change, error) {
 		errs    []error
 	)
 	note := func(k Kind, p netip.Prefix, err error) {
-		changes = append(changes, Change{Kind: k, Prefix: p, Group: l.owner[p], Err: err, At: time.Now()})
+		cause := Drift
+		if l.ordered[p] {
+			cause = Desired
+		}
+		changes = append(changes, Change{Kind: k, Prefix: p, Group: l.owner[p], Cause: cause, Err: err, At: time.Now()})
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
+	// The order is carried out (or reported failed) by this pass; from the
+	// next one on, a difference is drift again.
+	defer clear(l.ordered)
 	for _, p := range want {
 		switch d, h := l.desired(p), have[p]; {
 		case d && !h:
@@ -369,6 +401,7 @@ func (l *Loop) ReleaseAll(ctx context.Context) error {
 		l.groups[name] = g
 	}
 	clear(l.fresh)
+	clear(l.ordered)
 	l.stopAllAnnouncementsLocked()
 	want := l.managed()
 	present, perr := l.addrs.Present(want)
@@ -389,12 +422,12 @@ func (l *Loop) ReleaseAll(ctx context.Context) error {
 		if err := l.addrs.Delete(p); err != nil {
 			err = fmt.Errorf("reconcile: release %s: %w", p, err)
 			errs = append(errs, err)
-			changes = append(changes, Change{Kind: Failed, Prefix: p, Group: l.owner[p], Err: err, At: time.Now()})
+			changes = append(changes, Change{Kind: Failed, Prefix: p, Group: l.owner[p], Cause: Desired, Err: err, At: time.Now()})
 			continue
 		}
 		l.installed[p] = false
 		if wasThere {
-			changes = append(changes, Change{Kind: Removed, Prefix: p, Group: l.owner[p], At: time.Now()})
+			changes = append(changes, Change{Kind: Removed, Prefix: p, Group: l.owner[p], Cause: Desired, At: time.Now()})
 		}
 	}
 	l.mu.Unlock()

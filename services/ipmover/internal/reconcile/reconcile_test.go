@@ -466,3 +466,50 @@ func TestRunStopsAnnouncementsOnExit(t *testing.T) {
 		t.Errorf("%d schedules outlived Run", n)
 	}
 }
+
+// Every change says why it was made: carrying out desired state someone set
+// (the setter reports it) or correcting drift on the loop's own (a
+// correction), also when the loop's own pass, not the setter's, did it.
+func TestChangesCarryTheirCause(t *testing.T) {
+	r := newRig(Config{})
+	cause := func() []Cause {
+		r.rec.mu.Lock()
+		defer r.rec.mu.Unlock()
+		var out []Cause
+		for _, c := range r.rec.cs {
+			out = append(out, c.Cause)
+		}
+		return out
+	}
+	must(t, r.loop.SetDesired("pbx", []string{pA.String()}, true))
+	must(t, r.loop.Reconcile(t.Context())) // any pass, not only the setter's Apply
+	if got := cause(); !slices.Equal(got, []Cause{Desired}) {
+		t.Fatalf("claim: causes %v", got)
+	}
+	r.rec.reset()
+	r.addrs.vanish(pA)
+	must(t, r.loop.Reconcile(t.Context()))
+	if got := cause(); !slices.Equal(got, []Cause{Drift}) {
+		t.Fatalf("vanished and put back: causes %v", got)
+	}
+	r.rec.reset()
+	must(t, r.loop.SetDesired("pbx", []string{pA.String()}, false))
+	must(t, r.loop.Reconcile(t.Context()))
+	if got := cause(); !slices.Equal(got, []Cause{Desired}) {
+		t.Fatalf("release: causes %v", got)
+	}
+	r.rec.reset()
+	must(t, r.addrs.Replace(pA)) // put back by someone else while not held
+	must(t, r.loop.Reconcile(t.Context()))
+	if got := r.rec.kinds(); !slices.Equal(got, []Kind{Removed}) || !slices.Equal(cause(), []Cause{Drift}) {
+		t.Fatalf("foreign re-add: changes %v causes %v", got, cause())
+	}
+	r.rec.reset()
+	must(t, r.loop.SetDesired("pbx", []string{pA.String()}, true))
+	must(t, r.loop.Reconcile(t.Context()))
+	r.rec.reset()
+	must(t, r.loop.ReleaseAll(t.Context()))
+	if got := cause(); !slices.Equal(got, []Cause{Desired}) {
+		t.Fatalf("release all: causes %v", got)
+	}
+}

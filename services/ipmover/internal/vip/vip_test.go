@@ -10,7 +10,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/fanpbx/fan/services/ipmover/internal/netnstest"
+	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 )
 
 func TestLabel(t *testing.T) {
@@ -41,13 +41,13 @@ func TestNormalizeRejectsForeignForms(t *testing.T) {
 }
 
 type rig struct {
-	pair *netnstest.Pair
+	pair *netlabtest.Pair
 	m    *Manager
 }
 
 func newRig(t *testing.T) *rig {
 	t.Helper()
-	p := netnstest.NewPair(t, "fanvip", "vip0", "peer0")
+	p := netlabtest.NewPair(t, "fanvip", "vip0", "peer0")
 	m, err := New("vip0", nil, WithNamespace(p.A.Handle))
 	if err != nil {
 		t.Fatal(err)
@@ -71,7 +71,7 @@ func (r *rig) find(t *testing.T, p netip.Prefix) (Address, bool) {
 }
 
 func TestNewUnknownInterface(t *testing.T) {
-	p := netnstest.NewPair(t, "fanvip", "vip0", "peer0")
+	p := netlabtest.NewPair(t, "fanvip", "vip0", "peer0")
 	if _, err := New("nosuch0", nil, WithNamespace(p.A.Handle)); err == nil {
 		t.Fatal("New accepted an interface that does not exist")
 	}
@@ -161,7 +161,7 @@ func TestIPv6DADFailedIsRepaired(t *testing.T) {
 	v6 := netip.MustParsePrefix("2001:db8::20/64")
 	r.pair.B.IP(t, "addr", "add", v6.String(), "dev", "peer0", "nodad")
 	r.pair.A.IP(t, "addr", "add", v6.String(), "dev", "vip0")
-	netnstest.WaitUntil(t, 10*time.Second, "DAD to fail", func() bool {
+	netlabtest.WaitUntil(t, 10*time.Second, "DAD to fail", func() bool {
 		a, ok := r.find(t, v6)
 		return ok && a.Flags&unix.IFA_F_DADFAILED != 0
 	})

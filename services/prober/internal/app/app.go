@@ -40,6 +40,11 @@ type Service struct {
 	quorum *quorum.Tracker
 	// last is each check's latest result, the evidence a group carries.
 	last map[string]events.Evidence
+	// red removes every configured credential from what leaves the
+	// prober: results, transitions, logs.
+	red *check.Redactor
+	// metrics is set by Run.
+	metrics *checkMetrics
 }
 
 // Build loads and validates the configuration; it starts nothing.
@@ -47,6 +52,9 @@ func Build(o daemon.Options) (daemon.Service, error) {
 	var cfg Config
 	if err := config.Load(o.ConfigPath, &cfg); err != nil {
 		return nil, err
+	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	return New(cfg, o.Logger, o.Version), nil
 }
@@ -59,13 +67,13 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 	}
 	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version,
 		states: map[string]events.CheckState{}, figures: map[string]float64{},
-		quorum: quorum.New(groups), last: map[string]events.Evidence{}}
+		quorum: quorum.New(groups), last: map[string]events.Evidence{}, red: check.NewRedactor(cfg.secrets())}
 }
 
 // Run probes until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "prober", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		var wg sync.WaitGroup
+		s.metrics = newCheckMetrics(s, rt.Metrics)
 		checkers := make([]check.Checker, 0, len(s.cfg.Checks))
 		for _, cc := range s.cfg.Checks {
 			c, err := s.newChecker(cc)
@@ -80,34 +88,34 @@ func (s *Service) Run(ctx context.Context) error {
 		for _, g := range s.cfg.Groups {
 			s.setStateNamed(g.Name, events.CheckState{TargetNode: g.TargetNode, Role: g.Role, Health: events.HealthUnknown, Since: time.Now()})
 		}
+		// The run group's actors, in the order they stop (daemon.Group):
+		// the checks first, so no result is judged after the stop began;
+		// then the heartbeat and the presence beacons. Serve then stores
+		// the last results and transitions (the outbox) and closes the bus.
+		// A loop that ends on its own ends the run, for systemd to restart.
+		g, _ := daemon.NewGroup(ctx)
 		for i, cc := range s.cfg.Checks {
 			c := checkers[i]
 			s.setState(cc, events.CheckState{TargetNode: cc.TargetNode, Role: cc.Role, Health: events.HealthUnknown, Since: time.Now()})
-			wg.Add(1)
 			// The watchdog counts the loop alive while it turns: a run takes
 			// at most the timeout, so three intervals without a turn mean
 			// it is stuck.
 			alive := rt.Loop("check-"+cc.Name, 3*cc.Interval.D()+cc.Timeout.D()+time.Second)
-			go func() {
-				defer wg.Done()
+			g.Go("check-"+cc.Name, func(ctx context.Context) error {
 				defer c.Close()
 				defer alive.Done()
 				s.loop(ctx, rt.Outbox, cc, c, alive.Alive)
-			}()
+				return nil
+			})
 		}
-		wg.Add(2)
 		hbAlive := rt.Loop("heartbeat", 3*s.cfg.HeartbeatInterval.D()+time.Second)
-		go func() {
-			defer wg.Done()
+		g.Go("heartbeat", func(ctx context.Context) error {
 			defer hbAlive.Done()
 			s.heartbeats(ctx, rt.Outbox, hbAlive.Alive)
-		}()
-		go func() {
-			defer wg.Done()
-			s.beacons(ctx, rt.Bus)
-		}()
-		wg.Wait()
-		return nil
+			return nil
+		})
+		g.Go("beacons", func(ctx context.Context) error { s.beacons(ctx, rt.Bus); return nil })
+		return g.Wait()
 	})
 }
 
@@ -145,7 +153,7 @@ func (s *Service) newChecker(cc CheckConfig) (check.Checker, error) {
 		}
 		return c, nil
 	case "exec":
-		return check.NewExec(cc.Command), nil
+		return check.NewExec(cc.Command, cc.SecretArgs), nil
 	}
 	return nil, fmt.Errorf("check %s: unknown kind %q", cc.Name, cc.Kind)
 }
@@ -158,6 +166,7 @@ func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c che
 	tr := health.New(cc.Rise, cc.Fall)
 	var lastPublished time.Time
 	lastOK := false
+	obs := s.metrics.forCheck(cc)
 	sched := newSchedule(cc.Interval.D(), cc.Jitter.D())
 	defer sched.stop()
 	for ; ; sched.next() {
@@ -177,6 +186,8 @@ func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c che
 			}
 			continue
 		}
+		r.Err = s.red.Error(r.Err)
+		obs.observe(r)
 		ev := evidence(r)
 		if r.OK {
 			s.setFigures(r.Figures)
@@ -282,7 +293,7 @@ func (s *Service) group(name string) GroupConfig {
 }
 
 func (s *Service) result(cc CheckConfig, c check.Checker, r check.Result, ev events.Evidence) events.ProbeResult {
-	return events.ProbeResult{Check: cc.Name, Kind: c.Kind(), Target: c.Target(), TargetNode: cc.TargetNode, Role: cc.Role,
+	return events.ProbeResult{Check: cc.Name, Kind: c.Kind(), Target: s.red.String(c.Target()), TargetNode: cc.TargetNode, Role: cc.Role,
 		OK: r.OK, DurationMS: ev.DurationMS, Error: ev.Error, ErrorClass: ev.ErrorClass, Figures: r.Figures, At: r.At}
 }
 

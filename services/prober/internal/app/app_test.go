@@ -93,12 +93,21 @@ func start(t *testing.T, secret string, interval, timeout time.Duration, rise, f
 // JetStream and watches everything it publishes.
 func runProber(t *testing.T, checks []CheckConfig, groups []GroupConfig) *harness {
 	t.Helper()
+	return runProberWith(t, checks, groups, nil)
+}
+
+// runProberWith is runProber with the configuration changed by edit first.
+func runProberWith(t *testing.T, checks []CheckConfig, groups []GroupConfig, edit func(*Config)) *harness {
+	t.Helper()
 	s := bustest.Server(t)
 	cfg := Config{
 		Common:            daemon.Common{Cluster: "lab", Node: "n1", Bus: bus.Config{URL: s.ClientURL()}},
 		HeartbeatInterval: config.Duration(100 * time.Millisecond),
 		Checks:            checks,
 		Groups:            groups,
+	}
+	if edit != nil {
+		edit(&cfg)
 	}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
@@ -107,7 +116,7 @@ func runProber(t *testing.T, checks []CheckConfig, groups []GroupConfig) *harnes
 	ctx, cancel := context.WithCancel(context.Background())
 	watched := make(chan struct{})
 	go func() {
-		_ = h.watcher.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
+		_ = h.watcher.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab"), events.ClusterLiveState("lab")}, All: true},
 			func(_ events.Envelope, p events.Payload, _ uint64) { h.got <- p })
 		close(watched)
 	}()
@@ -315,16 +324,19 @@ func TestPresenceBeaconsAreFrequentAndNotStored(t *testing.T) {
 		}
 		last = b.Seq
 	}
-	// Beacons are core NATS only: the audit stream must not capture them.
-	st, err := h.watcher.JS.Stream(context.Background(), bus.EventsStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	info, err := st.Info(context.Background(), jetstream.WithSubjectFilter(events.AllBeacons("lab")))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if n := len(info.State.Subjects); n != 0 {
-		t.Fatalf("audit stream stored beacons on %d subjects", n)
+	// Beacons are core NATS only: neither the audit nor the live stream
+	// may capture them.
+	for _, name := range []string{bus.EventsStream, bus.LiveStream} {
+		st, err := h.watcher.JS.Stream(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		info, err := st.Info(context.Background(), jetstream.WithSubjectFilter(events.AllBeacons("lab")))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := len(info.State.Subjects); n != 0 {
+			t.Fatalf("%s stored beacons on %d subjects", name, n)
+		}
 	}
 }

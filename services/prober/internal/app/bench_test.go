@@ -6,7 +6,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -14,13 +13,13 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/lab/procstat"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
@@ -127,7 +126,7 @@ func BenchmarkProber200Checks(b *testing.B) {
 	var pprofAddr string
 	if *proberProfile != "" {
 		pprofAddr = freeAddr(b)
-		cmd.Env = append(os.Environ(), "FAN_PROBER_PPROF="+pprofAddr)
+		cmd.Env = append(os.Environ(), "FAN_PPROF="+pprofAddr)
 	}
 	if err := cmd.Start(); err != nil {
 		b.Fatal(err)
@@ -145,7 +144,7 @@ func BenchmarkProber200Checks(b *testing.B) {
 	allUp := make(chan struct{})
 	var published, results atomic.Int64
 	go func() {
-		_ = w.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("bench")}}, func(_ events.Envelope, p events.Payload, _ uint64) {
+		_ = w.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("bench"), events.ClusterLiveState("bench")}}, func(_ events.Envelope, p events.Payload, _ uint64) {
 			published.Add(1)
 			if _, ok := p.(*events.ProbeResult); ok {
 				results.Add(1)
@@ -177,15 +176,17 @@ func BenchmarkProber200Checks(b *testing.B) {
 		profiled := make(chan error, 2)
 		if pprofAddr != "" {
 			for _, p := range []string{"profile", "allocs"} {
-				go func() { profiled <- fetchProfile(pprofAddr, p, window, filepath.Join(*proberProfile, p+".pprof")) }()
+				go func() {
+					profiled <- procstat.FetchProfile(pprofAddr, p, window, filepath.Join(*proberProfile, p+".pprof"))
+				}()
 			}
 		}
 		// The peers, the JetStream server and the watcher run in this
 		// process: its CPU is reported apart, never added to the prober's.
 		e0, r0 := published.Load(), results.Load()
-		t0, c0, p0, s0 := time.Now(), procCPU(b, cmd.Process.Pid), procCPU(b, os.Getpid()), procSwitches(cmd.Process.Pid)
+		t0, c0, p0, s0 := time.Now(), procCPU(b, cmd.Process.Pid), procCPU(b, os.Getpid()), procstat.Switches(cmd.Process.Pid)
 		time.Sleep(window) // measuring a rate over a fixed window, not waiting for a condition
-		t1, c1, p1, s1 := time.Now(), procCPU(b, cmd.Process.Pid), procCPU(b, os.Getpid()), procSwitches(cmd.Process.Pid)
+		t1, c1, p1, s1 := time.Now(), procCPU(b, cmd.Process.Pid), procCPU(b, os.Getpid()), procstat.Switches(cmd.Process.Pid)
 		secs := t1.Sub(t0).Seconds()
 		cpu := 100 * (c1 - c0).Seconds() / secs
 		peers := 100 * (p1 - p0).Seconds() / secs
@@ -224,78 +225,21 @@ func freeAddr(b *testing.B) string {
 	return ln.Addr().String()
 }
 
-// fetchProfile saves one of the prober's pprof profiles over window
-// ("profile" is CPU; "allocs" with seconds is the allocations in the window).
-func fetchProfile(addr, name string, window time.Duration, path string) error {
-	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d", addr, name, int(window.Seconds())))
-	if err != nil {
-		return fmt.Errorf("profile %s: %w", name, err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("profile %s: %s", name, resp.Status)
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
-	}
-	f, err := os.Create(path)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(f, resp.Body); err != nil {
-		f.Close()
-		return fmt.Errorf("profile %s: %w", name, err)
-	}
-	return f.Close()
-}
-
-// procCPU is the user plus system time pid has used (/proc/PID/stat, in
-// clock ticks of 1/100 s on Linux).
+// procCPU and procRSS read the prober process's cost (lab/procstat).
 func procCPU(b *testing.B, pid int) time.Duration {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	c, err := procstat.CPU(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	// The command name may hold spaces: fields start after its closing ')'.
-	f := strings.Fields(string(raw[bytes.LastIndexByte(raw, ')')+2:]))
-	ut, _ := strconv.ParseUint(f[11], 10, 64)
-	st, _ := strconv.ParseUint(f[12], 10, 64)
-	return time.Duration(ut+st) * 10 * time.Millisecond
-}
-
-// procSwitches sums the voluntary and involuntary context switches of every
-// thread of pid.
-func procSwitches(pid int) uint64 {
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/status", pid))
-	var n uint64
-	for _, t := range tasks {
-		raw, err := os.ReadFile(t)
-		if err != nil {
-			continue // the thread ended
-		}
-		for _, l := range strings.Split(string(raw), "\n") {
-			if k, v, ok := strings.Cut(l, ":"); ok && (k == "voluntary_ctxt_switches" || k == "nonvoluntary_ctxt_switches") {
-				c, _ := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
-				n += c
-			}
-		}
-	}
-	return n
+	return c
 }
 
 func procRSS(b *testing.B, pid int) float64 {
-	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	m, err := procstat.RSS(pid)
 	if err != nil {
 		b.Fatal(err)
 	}
-	for _, l := range strings.Split(string(raw), "\n") {
-		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-			kb, _ := strconv.ParseFloat(strings.Fields(v)[0], 64)
-			return kb / 1024
-		}
-	}
-	b.Fatal("no VmRSS")
-	return 0
+	return m
 }
 
 // sipAnswer echoes the headers a response needs from a request's header.

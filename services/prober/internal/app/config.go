@@ -2,7 +2,6 @@ package app
 
 import (
 	"fmt"
-	"net"
 	"net/netip"
 	"net/url"
 	"regexp"
@@ -83,6 +82,11 @@ type CheckConfig struct {
 	ICMPMode string `yaml:"icmp_mode"`
 	// exec: Command is the argv run; exit status 0 is healthy.
 	Command []string `yaml:"command"`
+	// exec: SecretArgs marks arguments that must never be shown: an index
+	// into command (1 is the first argument) or a prefix ("--password="
+	// hides what follows it; an argument equal to the prefix hides the
+	// next one). See README "Secrets".
+	SecretArgs []string `yaml:"secret_args"`
 
 	codes check.Codes
 	body  *regexp.Regexp
@@ -107,8 +111,16 @@ func (ch *CheckConfig) kindKeys() map[string]bool {
 		"recursion":            !ch.Recursion || ch.Kind == "dns",
 		"icmp_mode":            ch.ICMPMode == "" || ch.Kind == "icmp",
 		"command":              len(ch.Command) == 0 || ch.Kind == "exec",
+		"secret_args":          len(ch.SecretArgs) == 0 || ch.Kind == "exec",
 	}
 }
+
+// Bounds of the check keys (README "Configuration").
+const (
+	maxChecks        = 256
+	minCheckInterval = 10 * time.Millisecond
+	maxCheckInterval = time.Hour
+)
 
 // Validate checks the file after loading and fills defaults.
 func (c *Config) Validate() error {
@@ -121,14 +133,20 @@ func (c *Config) Validate() error {
 	if c.PresenceInterval == 0 {
 		c.PresenceInterval = config.Duration(100 * time.Millisecond)
 	}
-	if c.PresenceInterval < config.Duration(10*time.Millisecond) {
-		return config.Errf("presence_interval", "must be at least 10ms, got %v", c.PresenceInterval)
-	}
 	if c.ResultsEvery == 0 {
 		c.ResultsEvery = config.Duration(10 * time.Second)
 	}
-	if len(c.Checks) == 0 {
-		return config.Errf("checks", "at least one check is required")
+	// A zero or negative heartbeat interval panicked in time.NewTicker; the
+	// upper bounds are what events.NodeHeartbeat and the presence beacon
+	// accept, so the arbiter never refuses a well-configured prober.
+	if err := config.First(
+		config.DurationIn("heartbeat_interval", c.HeartbeatInterval.D(), events.MinHeartbeatInterval, time.Minute),
+		config.DurationIn("presence_interval", c.PresenceInterval.D(), events.MinBeaconInterval, events.MaxBeaconInterval),
+		config.DurationIn("results_every", c.ResultsEvery.D(), time.Second, time.Hour),
+		config.CountIn("checks", len(c.Checks), 1, maxChecks),
+		config.CountIn("groups", len(c.Groups), 0, maxChecks),
+	); err != nil {
+		return err
 	}
 	seen := map[string]bool{}
 	for i := range c.Checks {
@@ -155,17 +173,17 @@ func (c *Config) Validate() error {
 		if err := ch.validateKind(key); err != nil {
 			return err
 		}
-		if ch.Interval <= 0 {
-			return config.Errf(key("interval"), "required and positive")
+		if err := config.DurationIn(key("interval"), ch.Interval.D(), minCheckInterval, maxCheckInterval); err != nil {
+			return err
 		}
 		if ch.Timeout <= 0 || ch.Timeout >= ch.Interval {
 			return config.Errf(key("timeout"), "must be positive and below interval %v, got %v", ch.Interval, ch.Timeout)
 		}
-		if ch.Rise < 1 {
-			return config.Errf(key("rise"), "must be at least 1, got %d", ch.Rise)
-		}
-		if ch.Fall < 1 {
-			return config.Errf(key("fall"), "must be at least 1, got %d", ch.Fall)
+		if err := config.First(
+			config.IntIn(key("rise"), ch.Rise, 1, events.MaxRiseFall),
+			config.IntIn(key("fall"), ch.Fall, 1, events.MaxRiseFall),
+		); err != nil {
+			return err
 		}
 		if ch.Jitter < 0 || ch.Jitter >= ch.Interval-ch.Timeout {
 			return config.Errf(key("jitter"), "must be below interval - timeout (%v)", ch.Interval-ch.Timeout)
@@ -228,14 +246,14 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		if ch.Address == "" {
 			return config.Errf(key("address"), "required (host:port)")
 		}
-		if _, _, err := net.SplitHostPort(ch.Address); err != nil {
-			return config.Errf(key("address"), "want host:port: %v", err)
-		}
-		return nil
+		return config.HostPort(key("address"), ch.Address, false)
 	}
 	codes := func(def []string) error {
 		if len(ch.Codes) == 0 {
 			ch.Codes = def
+		}
+		if err := config.CountIn(key("codes"), len(ch.Codes), 1, 64); err != nil {
+			return err
 		}
 		cs, err := check.ParseCodes(ch.Codes)
 		if err != nil {
@@ -257,8 +275,8 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		}
 		// Asterisk answers a wrong secret after sleeping 1 s: a shorter
 		// login deadline reports every wrong password as a timeout.
-		if ch.LoginTimeout.D() <= 1500*time.Millisecond {
-			return config.Errf(key("login_timeout"), "must be above 1.5s (Asterisk waits 1 s before refusing a login), got %v", ch.LoginTimeout)
+		if d := ch.LoginTimeout.D(); d <= 1500*time.Millisecond || d > time.Minute {
+			return config.Errf(key("login_timeout"), "must be above 1.5s (Asterisk waits 1 s before refusing a login) and at most 1m, got %v", ch.LoginTimeout)
 		}
 	case "sip":
 		if _, err := netip.ParseAddrPort(ch.Address); err != nil {
@@ -271,8 +289,8 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		default:
 			return config.Errf(key("transport"), "want udp or tcp, got %q", ch.Transport)
 		}
-		if ch.Retransmit < 0 {
-			return config.Errf(key("retransmit"), "must be positive")
+		if ch.Retransmit < 0 || ch.Retransmit >= ch.Timeout {
+			return config.Errf(key("retransmit"), "must be 0 (default: timeout/3, at most 500ms) or below timeout %v, got %v", ch.Timeout, ch.Retransmit)
 		}
 		return codes(check.DefaultSIPCodes)
 	case "tcp":
@@ -281,6 +299,9 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		u, err := url.Parse(ch.Address)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return config.Errf(key("address"), "want an http:// or https:// URL, got %q", ch.Address)
+		}
+		if len(ch.Body) > 4096 {
+			return config.Errf(key("body"), "at most 4096 bytes, got %d", len(ch.Body))
 		}
 		if ch.Body != "" {
 			re, err := regexp.Compile(ch.Body)
@@ -294,8 +315,8 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		if err := hostPort(); err != nil {
 			return err
 		}
-		if ch.Query == "" {
-			return config.Errf(key("query"), "required (the name to ask, e.g. the zone for its SOA)")
+		if ch.Query == "" || len(ch.Query) > 255 {
+			return config.Errf(key("query"), "required, at most 255 bytes (the name to ask, e.g. the zone for its SOA)")
 		}
 		if ch.QueryType == "" {
 			ch.QueryType = "SOA"
@@ -317,6 +338,15 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 	case "exec":
 		if len(ch.Command) == 0 || ch.Command[0] == "" {
 			return config.Errf(key("command"), "required (the argv to run)")
+		}
+		if err := config.First(
+			config.CountIn(key("command"), len(ch.Command), 1, 256),
+			config.CountIn(key("secret_args"), len(ch.SecretArgs), 0, 64),
+		); err != nil {
+			return err
+		}
+		if err := check.ValidateSecretArgs(ch.SecretArgs, len(ch.Command)); err != nil {
+			return &config.FieldError{Key: key("secret_args"), Err: err}
 		}
 		if ch.Address != "" {
 			return config.Errf(key("address"), "does not apply to kind exec (the command is the target)")
@@ -347,4 +377,24 @@ func (c *Config) resolveTarget(role *events.Role, target *string, key func(strin
 		return &config.FieldError{Key: key("target_node"), Err: err}
 	}
 	return nil
+}
+
+// secrets are the credentials the configuration holds, which no event, log
+// line or metric may carry: AMI secrets, URL passwords and password-like
+// query values, and exec arguments marked (or recognised) as secret.
+func (c *Config) secrets() []string {
+	var out []string
+	for _, ch := range c.Checks {
+		switch ch.Kind {
+		case "ami":
+			out = append(out, ch.Secret)
+		case "http":
+			_, s := check.RedactURL(ch.Address)
+			out = append(out, s...)
+		case "exec":
+			_, s := check.RedactArgs(ch.Command, ch.SecretArgs)
+			out = append(out, s...)
+		}
+	}
+	return out
 }

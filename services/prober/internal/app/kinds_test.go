@@ -107,7 +107,7 @@ func TestQuorumGroupTransitions(t *testing.T) {
 	var webDown atomic.Bool
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		if webDown.Load() {
-			http.Error(w, "maintenance", 503)
+			http.Error(w, "maintenance", http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprint(w, "ok")

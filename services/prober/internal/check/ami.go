@@ -13,7 +13,7 @@ import (
 
 // coreStatusEvery is how stale the CoreStatus figures may get. CoreStatus is
 // not asked on every run: `core show channels count`, asked every run, is the
-// health question (FAN2's), it goes through the same manager session and
+// health question, it goes through the same manager session and
 // needs the same live core, so a second round trip per run adds cost, not
 // evidence. What CoreStatus adds is figures (core calls, start-up time),
 // which only leave the prober in raw results (rate-limited, 10 s by default)
@@ -23,8 +23,9 @@ const coreStatusEvery = 10 * time.Second
 
 // AMI asks Asterisk `core show channels count` on every run, and CoreStatus
 // on the first run of each session and then every coreStatusEvery, over one
-// persistent AMI session: questions only a live Asterisk core can answer,
-// which is what FAN2's seed asked. Healthy only when each action asked
+// persistent AMI session: questions only a live Asterisk core can answer
+// (a deadlocked core accepts the connection and never replies).
+// Healthy only when each action asked
 // answers Success with output that parses; anything else, or no answer
 // before the deadline, is a failure.
 //

@@ -79,10 +79,10 @@ func TestSIPAgainstKamailio(t *testing.T) {
 
 	udp, tcp := sipCheck(t, ok, sipoptions.UDP, DefaultSIPCodes), sipCheck(t, ok, sipoptions.TCP, DefaultSIPCodes)
 	wantOK(t, "tcp before freeze", run(t, tcp, time.Second))
-	k.signal(t, syscall.SIGSTOP)
+	k.Signal(t, syscall.SIGSTOP)
 	wantFail(t, "frozen udp", run(t, udp, 200*time.Millisecond), events.ErrorTimeout)
 	wantFail(t, "frozen tcp", run(t, tcp, 200*time.Millisecond), events.ErrorTimeout)
-	k.signal(t, syscall.SIGCONT)
+	k.Signal(t, syscall.SIGCONT)
 	wantOK(t, "thawed udp", run(t, udp, 2*time.Second))
 	wantOK(t, "thawed tcp", run(t, tcp, 2*time.Second))
 }
@@ -117,9 +117,9 @@ func TestDNSAgainstBIND(t *testing.T) {
 	wantFail(t, "NXDOMAIN", run(t, mk("gone.voip.test", "A"), time.Second), events.ErrorUnhealth)
 	wantFail(t, "no AAAA", run(t, mk("sip.voip.test", "AAAA"), time.Second), events.ErrorUnhealth)
 	wantFail(t, "zone not served", run(t, mk("other.test", "SOA"), time.Second), events.ErrorUnhealth)
-	named.signal(t, syscall.SIGSTOP)
+	named.Signal(t, syscall.SIGSTOP)
 	wantFail(t, "frozen named", run(t, mk("voip.test", "SOA"), 200*time.Millisecond), events.ErrorTimeout)
-	named.signal(t, syscall.SIGCONT)
+	named.Signal(t, syscall.SIGCONT)
 	if _, err := NewDNS(addr, "x", "BOGUS", false); err == nil {
 		t.Fatal("unknown type accepted")
 	}
@@ -181,19 +181,19 @@ func TestTCPCheck(t *testing.T) {
 }
 
 func TestExec(t *testing.T) {
-	wantOK(t, "true", run(t, NewExec([]string{"true"}), time.Second))
-	r := run(t, NewExec([]string{"sh", "-c", "echo 'Unable to connect to remote asterisk'; exit 1"}), time.Second)
+	wantOK(t, "true", run(t, NewExec([]string{"true"}, nil), time.Second))
+	r := run(t, NewExec([]string{"sh", "-c", "echo 'Unable to connect to remote asterisk'; exit 1"}, nil), time.Second)
 	wantFail(t, "exit 1", r, events.ErrorUnhealth)
 	if !strings.Contains(r.Err.Error(), "Unable to connect") || r.Figures["exit_code"] != 1 {
 		t.Fatalf("err %v figures %v: want the output and exit code", r.Err, r.Figures)
 	}
 	// A hung command (and the child it forked, holding stdout) is killed at the deadline.
 	start := time.Now()
-	wantFail(t, "hung", run(t, NewExec([]string{"sh", "-c", "sleep 30 & sleep 30"}), 150*time.Millisecond), events.ErrorTimeout)
+	wantFail(t, "hung", run(t, NewExec([]string{"sh", "-c", "sleep 30 & sleep 30"}, nil), 150*time.Millisecond), events.ErrorTimeout)
 	if el := time.Since(start); el > time.Second {
 		t.Fatalf("hung command returned after %v", el)
 	}
-	if r := run(t, NewExec([]string{"/nonexistent/asterisk"}), time.Second); r.OK || r.Class != events.ErrorOther {
+	if r := run(t, NewExec([]string{"/nonexistent/asterisk"}, nil), time.Second); r.OK || r.Class != events.ErrorOther {
 		t.Fatalf("missing binary: %+v", r)
 	}
 }

@@ -7,34 +7,42 @@ import (
 	"fmt"
 	"os/exec"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/procgroup"
 )
 
 // Exec runs a command (such as `asterisk -rx "core show uptime"`); exit
 // status 0 is healthy. At the deadline the whole process group is killed: a
 // hung `asterisk -rx` must not pile up behind the next run.
-type Exec struct{ argv []string }
+type Exec struct {
+	argv []string
+	// shown is argv with its secret arguments masked (RedactArgs).
+	shown string
+	// red removes the secret values from what the program printed.
+	red *Redactor
+}
 
-func NewExec(argv []string) *Exec { return &Exec{argv: argv} }
+// NewExec makes the check; secretArgs are the check's secret_args.
+func NewExec(argv []string, secretArgs []string) *Exec {
+	shown, secrets := RedactArgs(argv, secretArgs)
+	return &Exec{argv: argv, shown: strings.Join(shown, " "), red: NewRedactor(secrets)}
+}
 
 func (e *Exec) Kind() string   { return "exec" }
-func (e *Exec) Target() string { return strings.Join(e.argv, " ") }
+func (e *Exec) Target() string { return e.shown }
 
 func (e *Exec) Run(ctx context.Context) Result {
 	start := time.Now()
-	cmd := exec.CommandContext(ctx, e.argv[0], e.argv[1:]...)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	// Children that keep stdout open must not hold Wait past the deadline.
-	cmd.WaitDelay = 50 * time.Millisecond
+	cmd := procgroup.Command(ctx, e.argv, 50*time.Millisecond)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()
 	if err == nil {
 		return finish(start, nil)
 	}
-	text := strings.TrimSpace(out.String())
+	text := e.red.String(strings.TrimSpace(out.String()))
 	if len(text) > 200 {
 		text = text[:200] + "…"
 	}
@@ -45,7 +53,7 @@ func (e *Exec) Run(ctx context.Context) Result {
 	case errors.As(err, &ee) && ee.Exited():
 		err = fmt.Errorf("exec %s: exit status %d: %q: %w", e.argv[0], ee.ExitCode(), text, ErrUnhealthy)
 	default:
-		err = fmt.Errorf("exec %s: %w", e.argv[0], err)
+		err = e.red.Error(fmt.Errorf("exec %s: %w", e.argv[0], err))
 	}
 	r := finish(start, err)
 	if ee != nil && ee.Exited() {

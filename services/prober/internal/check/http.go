@@ -16,7 +16,9 @@ const maxBody = 1 << 20
 // HTTP fetches a URL (what a wget-based check did): healthy when the status is in codes
 // and, if a pattern is given, the body matches it.
 type HTTP struct {
-	url    string
+	url string
+	// shown is url without credentials: what targets and errors say.
+	shown  string
 	codes  Codes
 	body   *regexp.Regexp
 	client *http.Client
@@ -36,7 +38,8 @@ func NewHTTP(url string, codes Codes, body *regexp.Regexp, insecure bool) *HTTP 
 		IdleConnTimeout:     30 * time.Second,
 		TLSClientConfig:     &tls.Config{InsecureSkipVerify: insecure}, //nolint:gosec // operator's explicit choice
 	}
-	h := &HTTP{url: url, codes: codes, body: body, client: &http.Client{Transport: tr}}
+	shown, _ := RedactURL(url)
+	h := &HTTP{url: url, shown: shown, codes: codes, body: body, client: &http.Client{Transport: tr}}
 	h.req, h.reqErr = http.NewRequest(http.MethodGet, url, nil)
 	if h.reqErr == nil {
 		h.req.Header.Set("User-Agent", "fan-prober")
@@ -45,35 +48,35 @@ func NewHTTP(url string, codes Codes, body *regexp.Regexp, insecure bool) *HTTP 
 }
 
 func (h *HTTP) Kind() string   { return "http" }
-func (h *HTTP) Target() string { return h.url }
+func (h *HTTP) Target() string { return h.shown }
 
 func (h *HTTP) Run(ctx context.Context) Result {
 	start := time.Now()
 	if h.reqErr != nil {
-		return finish(start, fmt.Errorf("http: %w", h.reqErr))
+		return finish(start, fmt.Errorf("http %s: %w", h.shown, urlErrorCause(h.reqErr)))
 	}
 	resp, err := h.client.Do(h.req.WithContext(ctx))
 	if err != nil {
-		return finish(start, fmt.Errorf("http GET %s: %w", h.url, err))
+		return finish(start, fmt.Errorf("http GET %s: %w", h.shown, urlErrorCause(err)))
 	}
 	defer resp.Body.Close()
 	fig := map[string]float64{"http_status": float64(resp.StatusCode)}
 	if !h.codes.Has(resp.StatusCode) {
 		// Drain a little so the connection can be reused.
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		r := finish(start, fmt.Errorf("http GET %s: status %d: %w", h.url, resp.StatusCode, ErrUnhealthy))
+		r := finish(start, fmt.Errorf("http GET %s: status %d: %w", h.shown, resp.StatusCode, ErrUnhealthy))
 		r.Figures = fig
 		return r
 	}
 	if h.body != nil {
 		b, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 		if err != nil {
-			r := finish(start, fmt.Errorf("http GET %s: read body: %w", h.url, err))
+			r := finish(start, fmt.Errorf("http GET %s: read body: %w", h.shown, err))
 			r.Figures = fig
 			return r
 		}
 		if !h.body.Match(b) {
-			r := finish(start, fmt.Errorf("http GET %s: body does not match %q: %w", h.url, h.body, ErrUnhealthy))
+			r := finish(start, fmt.Errorf("http GET %s: body does not match %q: %w", h.shown, h.body, ErrUnhealthy))
 			r.Figures = fig
 			return r
 		}

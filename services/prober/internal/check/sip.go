@@ -10,7 +10,7 @@ import (
 
 // DefaultSIPCodes are the final responses that mean "a live SIP stack
 // answered": anything outside 5xx. Asterisk answers an unknown source with
-// 401 and an unknown user with 404 (facts/asterisk22.md); both are alive. 503
+// 401 and an unknown user with 404 (docs/asterisk22.md); both are alive. 503
 // is what it says while shutting down.
 var DefaultSIPCodes = []string{"2xx", "3xx", "4xx", "6xx"}
 

@@ -30,6 +30,11 @@ type TreeConfig struct {
 	// disk would then look like an empty tree (the empty-source guard and
 	// the targets' safety valve still refuse to delete, but alarms fire).
 	Create bool `yaml:"create"`
+	// The safety policy on a target (all false by default): see the
+	// README's Safety section.
+	AllowOutsideSymlinks bool `yaml:"allow_outside_symlinks"`
+	PreserveOwner        bool `yaml:"preserve_owner"`
+	PreserveSpecialBits  bool `yaml:"preserve_special_bits"`
 }
 
 // AstDBConfig carries AstDB families between the nodes' running Asterisks.
@@ -86,9 +91,58 @@ var neverReplicated = []string{
 	"/var/lib/asterisk/astdb.sqlite3-journal",
 }
 
+// systemRoots are directories no tree may be: replication deletes what the
+// holder does not have, so a tree at one of them would let one manifest
+// (or one mistaken holder) rewrite the operating system. Trees below them
+// (/etc/asterisk) are the point.
+var systemRoots = []string{
+	"/", "/bin", "/boot", "/dev", "/etc", "/home", "/lib", "/lib32", "/lib64", "/libx32",
+	"/media", "/mnt", "/opt", "/proc", "/root", "/run", "/sbin", "/srv", "/sys", "/tmp",
+	"/usr", "/usr/bin", "/usr/lib", "/usr/libexec", "/usr/local", "/usr/sbin", "/usr/share",
+	"/var", "/var/lib", "/var/log", "/var/run", "/var/spool", "/var/tmp",
+}
+
+// within says whether p is dir or below it.
+func within(p, dir string) bool {
+	return p == dir || dir == "/" || strings.HasPrefix(p, dir+"/")
+}
+
+// resolved is where p leads now, or p when it does not exist yet.
+func resolved(p string) string {
+	if r, err := filepath.EvalSymlinks(p); err == nil {
+		return r
+	}
+	return p
+}
+
+// checkTreePath refuses a tree at a system root, or one that is (or holds)
+// the replicator's state directory.
+func checkTreePath(key, p, stateDir string) error {
+	// Where the path leads now (it may be a symlink) counts as well as
+	// what is written: /etc/asterisk -> /etc is /etc.
+	paths := []string{p}
+	if real := resolved(p); real != p {
+		paths = append(paths, real)
+	}
+	for _, q := range paths {
+		for _, r := range systemRoots {
+			if q == r {
+				return config.Errf(key, "%s is a system directory; a tree must be a directory of its own (such as /etc/asterisk)", q)
+			}
+		}
+		if within(stateDir, q) || within(q, stateDir) {
+			return config.Errf(key, "%s overlaps state_dir %s (a manifest could rewrite the replicator's own state)", q, stateDir)
+		}
+	}
+	return nil
+}
+
 // Validate fills defaults and checks the file after loading.
 func (c *Config) Validate() error {
 	if err := c.Common.Validate(); err != nil {
+		return err
+	}
+	if err := c.validateBounds(); err != nil {
 		return err
 	}
 	if err := events.ValidToken("group", c.Group); err != nil {
@@ -143,6 +197,18 @@ func (c *Config) Validate() error {
 			return config.Errf(key+".path", "must be absolute, got %q", t.Path)
 		}
 		t.Path = filepath.Clean(t.Path)
+		if err := checkTreePath(key+".path", t.Path, filepath.Clean(c.StateDir)); err != nil {
+			return err
+		}
+		real := resolved(t.Path)
+		for j := range i {
+			o := c.Trees[j].Path
+			for _, pair := range [][2]string{{t.Path, o}, {real, resolved(o)}} {
+				if within(pair[0], pair[1]) || within(pair[1], pair[0]) {
+					return config.Errf(key+".path", "%s overlaps trees[%d].path %s: a tree inside another would be written by both", t.Path, j, o)
+				}
+			}
+		}
 		for _, n := range neverReplicated {
 			if t.Path == n || strings.HasPrefix(t.Path, n+"/") {
 				return config.Errf(key+".path", "%s is never replicated", n)
@@ -197,7 +263,30 @@ func Build(o daemon.Options) (daemon.Service, error) {
 	if err := config.Load(o.ConfigPath, &cfg); err != nil {
 		return nil, err
 	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
+	}
+	if err := cfg.checkDirs(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
+	}
 	return New(cfg, o.Logger, o.Version), nil
+}
+
+// checkDirs requires every tree to exist (unless create: true makes it),
+// so -check-config (the unit's ExecStartPre) names a mistyped path before
+// the service starts. The state directory is made by the service itself.
+// Only here, not in Validate: a configuration is also validated where these
+// paths are not the host's (tests, fanctl replay).
+func (c *Config) checkDirs() error {
+	for i, t := range c.Trees {
+		if t.Create {
+			continue
+		}
+		if err := config.DirExists(fmt.Sprintf("trees[%d].path", i), t.Path); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // New makes a service from a validated configuration.
@@ -228,7 +317,9 @@ func (s *Service) Run(ctx context.Context) error {
 					return fmt.Errorf("replicator: create tree %s: %w", t.Path, err)
 				}
 			}
-			ecfg.Trees = append(ecfg.Trees, replicate.Tree{Name: t.Name, Root: t.Path, Exclude: ex})
+			ecfg.Trees = append(ecfg.Trees, replicate.Tree{Name: t.Name, Root: t.Path, Exclude: ex,
+				Policy: replicate.Policy{AllowOutsideSymlinks: t.AllowOutsideSymlinks,
+					PreserveOwner: t.PreserveOwner, PreserveSpecialBits: t.PreserveSpecialBits}})
 		}
 		if s.cfg.AstDB.Enabled {
 			sess := ami.NewSession(ami.Config{Addr: s.cfg.AstDB.AMI.Address, Username: s.cfg.AstDB.AMI.Username,
@@ -242,6 +333,11 @@ func (s *Service) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("replicator: %w", err)
 		}
-		return eng.Run(ctx)
+		// One actor, the engine (it stops its trees' workers itself): it
+		// stops at its turn (daemon.Group), then Serve stores the last
+		// reports (the outbox) and closes the bus.
+		g, _ := daemon.NewGroup(ctx)
+		g.Go("engine", eng.Run)
+		return g.Wait()
 	})
 }

@@ -1,7 +1,10 @@
 package app
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/fanpbx/fan/pkg/platform/config"
@@ -45,5 +48,45 @@ func TestNeverReplicated(t *testing.T) {
 		if err == nil {
 			t.Errorf("%s: accepted", name)
 		}
+	}
+}
+
+// TestTreeRootsRefused: a tree at a system directory, inside another tree,
+// over the state directory, or leading to a system directory through a
+// symlink is refused, naming the key.
+func TestTreeRootsRefused(t *testing.T) {
+	link := filepath.Join(t.TempDir(), "asterisk")
+	if err := os.Symlink("/etc", link); err != nil {
+		t.Fatal(err)
+	}
+	cases := map[string]string{
+		"trees[0].path": "trees:\n  - name: a\n    path: /\n",
+		"trees[1].path": "trees:\n  - name: a\n    path: /srv/a\n  - name: b\n    path: /var\n",
+	}
+	for _, root := range []string{"/", "/etc", "/usr", "/var", "/bin", "/boot", "/dev", "/lib", "/proc", "/root", "/run", "/sbin", "/sys", "/etc/", "/var/../etc", link} {
+		cases["trees[0].path "+root] = "trees:\n  - name: a\n    path: " + root + "\n"
+	}
+	cases["trees[1].path inside"] = "trees:\n  - name: a\n    path: /srv/pbx\n  - name: b\n    path: /srv/pbx/sub\n"
+	cases["trees[1].path around"] = "trees:\n  - name: a\n    path: /srv/pbx/sub\n  - name: b\n    path: /srv/pbx\n"
+	cases["trees[1].path same"] = "trees:\n  - name: a\n    path: /srv/pbx\n  - name: b\n    path: /srv/pbx/\n"
+	cases["trees[0].path state"] = "state_dir: /srv/pbx/state\ntrees:\n  - name: a\n    path: /srv/pbx\n"
+	cases["trees[0].path in state"] = "state_dir: /srv/state\ntrees:\n  - name: a\n    path: /srv/state/conflicts\n"
+	for name, body := range cases {
+		key, _, _ := strings.Cut(name, " ")
+		var c Config
+		err := config.Parse("t", []byte(base+body), &c)
+		if err == nil || !strings.Contains(err.Error(), key) {
+			t.Errorf("%s: err %v, want one naming %s", name, err, key)
+		}
+	}
+	// Beside each other, and below system directories, trees are fine.
+	var c Config
+	ok := "trees:\n  - name: a\n    path: /etc/asterisk\n  - name: b\n    path: /var/spool/asterisk/voicemail\n  - name: c\n    path: /srv/pbx-extra\n    allow_outside_symlinks: true\n    preserve_owner: true\n    preserve_special_bits: true\n"
+	if err := config.Parse("t", []byte(base+ok), &c); err != nil {
+		t.Fatal(err)
+	}
+	if c.Trees[0].AllowOutsideSymlinks || c.Trees[0].PreserveOwner || c.Trees[0].PreserveSpecialBits ||
+		!c.Trees[2].AllowOutsideSymlinks || !c.Trees[2].PreserveOwner || !c.Trees[2].PreserveSpecialBits {
+		t.Fatalf("policy keys: %+v", c.Trees)
 	}
 }

@@ -11,10 +11,13 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Fetcher returns the content whose SHA-256 is hash.
@@ -48,6 +51,11 @@ func (e *ValveError) Unwrap() error { return ErrSafetyValve }
 type ApplyOptions struct {
 	Exclude *Excluder
 	Fetch   Fetcher
+	// Prefetch, when set, is told the contents a batch of writes will
+	// fetch, in the order it fetches them, and the batch fetches through
+	// the Fetcher it returns (which stops when ctx ends): a store can then
+	// ask for many contents at once instead of one at a time.
+	Prefetch func(ctx context.Context, hashes []string) Fetcher
 	// Known maps each path to ContentKey of what this node last published
 	// or applied. A local file that is about to be replaced or removed and
 	// differs from Known was changed here, not by replication: it is
@@ -61,6 +69,7 @@ type ApplyOptions struct {
 	MaxDeleteShare float64
 	AllowDeletes   int
 	// Owner sets ownership (needs root); without it only modes and times.
+	// Which owner is the policy's (PreserveOwner).
 	Owner   bool
 	Workers int
 	// Now stamps the conflict directory.
@@ -70,9 +79,17 @@ type ApplyOptions struct {
 	// kind (so delete first) makes the whole apply refuse, with
 	// ErrNeedsFull, to wait for the full manifest.
 	Partial bool
+
+	// The tree's policy for what a manifest may ask (see Validate and
+	// Plan). All false is the safe default: symlinks stay inside the tree,
+	// owners are the target's own, and setuid, setgid and sticky bits are
+	// dropped.
+	AllowOutsideSymlinks bool
+	PreserveOwner        bool
+	PreserveSpecialBits  bool
 }
 
-// ErrNeedsFull: a partial apply would have to delete something.
+// ErrNeedsFull is returned when a partial apply would have to delete something.
 var ErrNeedsFull = errors.New("partial manifest needs deletions; waiting for the full one")
 
 // Conflict is a local file preserved before replication replaced it.
@@ -115,95 +132,212 @@ func KnownOf(es []Entry) map[string]string {
 // content is in its temp file: the moment a crash must leave no trace.
 var afterPartialWrite func(tmp string)
 
-// Apply makes the scanner's tree match want (a manifest's entries). Each
-// file is written to a temp file in its directory, synced, given its
-// owner, mode and mtime, then renamed over the final name, so a reader (or
-// a crash) sees the old file or the new one, never a part. Directories are
-// created parents first and removed children first; a voicemail message's
-// .txt is written after its media and removed before them, so Asterisk
-// never lists a message whose audio is missing.
+// beforeExecute, when set by a test, runs between the plan and its
+// execution: the moment a local process could swap a directory for a
+// symlink.
+var beforeExecute func()
+
+// Apply makes the scanner's tree match want (a manifest's entries) in
+// three steps, each usable alone: validate (is the manifest safe to apply
+// here at all?), plan (what must change, with the owner and mode policy
+// applied), execute (make the changes). Each file is written to a temp
+// file in its directory, synced, given its owner, mode and mtime, then
+// renamed over the final name, so a reader (or a crash) sees the old file
+// or the new one, never a part. Directories are created parents first and
+// removed children first; a voicemail message's .txt is written after its
+// media and removed before them, so Asterisk never lists a message whose
+// audio is missing. Every change is made through a descriptor of the
+// entry's directory, opened beneath the root without following any
+// symlink, so nothing outside the tree is ever created, changed or removed.
 func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (ApplyResult, error) {
-	var res ApplyResult
-	if err := os.MkdirAll(sc.Root, 0o755); err != nil {
-		return res, fmt.Errorf("apply: create root %s: %w", sc.Root, err)
+	wanted, err := Validate(want, o)
+	if err != nil {
+		return ApplyResult{}, err
 	}
-	wm := make(map[string]Entry, len(want))
+	if err := os.MkdirAll(sc.Root, 0o755); err != nil {
+		return ApplyResult{}, fmt.Errorf("apply: create root %s: %w", sc.Root, err)
+	}
+	t, err := sc.root()
+	if err != nil {
+		return ApplyResult{}, fmt.Errorf("apply: %w", err)
+	}
+	defer t.close()
+	local, err := sc.Scan(ctx)
+	if err != nil {
+		return ApplyResult{}, fmt.Errorf("apply: scan target: %w", err)
+	}
+	p, err := Plan(wanted, local.Entries, o, Owner{UID: t.uid, GID: t.gid})
+	if err != nil {
+		return ApplyResult{}, err
+	}
+	if beforeExecute != nil {
+		beforeExecute()
+	}
+	return p.execute(ctx, sc, t, o)
+}
+
+// Validate checks a manifest's entries against this tree's rules and
+// returns those to apply (excluded ones dropped), sorted. It refuses the
+// whole manifest (ErrUnsafeManifest) for a malformed entry (see
+// CheckEntries), a value entry, a path below one of the manifest's own
+// symlinks, and, unless AllowOutsideSymlinks, a symlink whose target is
+// absolute or climbs out of the tree.
+func Validate(want []Entry, o ApplyOptions) ([]Entry, error) {
+	if err := CheckEntries(want); err != nil {
+		return nil, err
+	}
 	var wanted []Entry
 	links := map[string]bool{}
 	for _, e := range want {
-		if !safeRel(e.Path) {
-			return res, fmt.Errorf("%w: path %q", ErrUnsafeManifest, e.Path)
-		}
 		if e.Kind == KindValue {
-			return res, fmt.Errorf("%w: value entry %q in a file tree", ErrUnsafeManifest, e.Path)
+			return nil, fmt.Errorf("%w: value entry %q in a file tree", ErrUnsafeManifest, e.Path)
 		}
 		if o.Exclude.ExcludedAnywhere(e.Path, e.Kind == KindDir) {
 			continue
 		}
-		wm[e.Path] = e
-		wanted = append(wanted, e)
 		if e.Kind == KindSymlink {
+			inside := LinkStaysInside(e.Path, e.Link)
+			if !o.AllowOutsideSymlinks && !inside {
+				return nil, fmt.Errorf("%w: symlink %q -> %q leaves the tree (allow_outside_symlinks is off)", ErrUnsafeManifest, e.Path, e.Link)
+			}
+			// A link into what this tree excludes (node-specific files,
+			// spool/outgoing below a spool tree) would let others write
+			// there through it.
+			if to := path.Join(path.Dir(e.Path), e.Link); inside && to != "." && o.Exclude.ExcludedAnywhere(to, true) {
+				return nil, fmt.Errorf("%w: symlink %q -> %q leads into a path this tree excludes", ErrUnsafeManifest, e.Path, e.Link)
+			}
 			links[e.Path] = true
 		}
+		wanted = append(wanted, e)
 	}
 	Sort(wanted)
 	for _, e := range wanted {
 		for p := path.Dir(e.Path); p != "."; p = path.Dir(p) {
 			if links[p] {
-				return res, fmt.Errorf("%w: %q is below the symlink %q", ErrUnsafeManifest, e.Path, p)
+				return nil, fmt.Errorf("%w: %q is below the symlink %q", ErrUnsafeManifest, e.Path, p)
 			}
 		}
 	}
+	return wanted, nil
+}
 
-	local, err := sc.Scan(ctx)
-	if err != nil {
-		return res, fmt.Errorf("apply: scan target: %w", err)
+// LinkStaysInside says whether a symlink at rel whose target is link
+// resolves inside the tree. The target must be relative and may climb
+// ("..") only at its start, and no higher than rel's depth. A ".." after a
+// name is refused even when it cancels out on paper ("a/../b"): the
+// kernel resolves a, which may itself be a symlink, before climbing from
+// wherever it led. Every other symlink the target passes through is itself
+// checked the same way, and rel's directories are plain directories (a
+// manifest never puts an entry below a symlink), so the whole resolution
+// stays beneath the root.
+func LinkStaysInside(rel, link string) bool {
+	if link == "" || strings.HasPrefix(link, "/") || strings.ContainsRune(link, 0) {
+		return false
 	}
-	lm := make(map[string]Entry, len(local.Entries))
-	for _, e := range local.Entries {
-		lm[e.Path] = e
+	depth := strings.Count(rel, "/") // directories between the root and the link
+	named := false
+	for _, c := range strings.Split(link, "/") {
+		switch c {
+		case "", ".":
+		case "..":
+			if named || depth == 0 {
+				return false
+			}
+			depth--
+		default:
+			named = true
+		}
 	}
+	return true
+}
 
-	// Plan.
-	var delFiles, delDirs []Entry
-	var writes, metaFix []Entry
-	for _, l := range local.Entries {
-		w, ok := wm[l.Path]
+// Owner is a user and group id.
+type Owner struct{ UID, GID int }
+
+// ApplyPlan is what an apply will change.
+type ApplyPlan struct {
+	// Wanted is the validated manifest with the owner and mode policy
+	// applied: what the tree will hold.
+	Wanted                   []Entry
+	DelFiles, DelDirs        []Entry // local entries to remove
+	Writes, MetaFix, NewDirs []Entry
+
+	wm, lm map[string]Entry
+	local  []Entry
+}
+
+// Plan compares the wanted entries (from Validate) with the local tree
+// and decides what to delete, create, write and fix. The owner and mode
+// policy is applied here, so an entry whose only difference is one the
+// policy overrides is left alone: without PreserveSpecialBits, setuid,
+// setgid and sticky bits are dropped; without PreserveOwner, an existing
+// entry keeps its local owner and a new one gets root's (the tree root's
+// owner). It refuses a partial apply that would have to delete
+// (ErrNeedsFull) and a pass over the safety valve (*ValveError).
+func Plan(wanted, local []Entry, o ApplyOptions, root Owner) (*ApplyPlan, error) {
+	p := &ApplyPlan{wm: make(map[string]Entry, len(wanted)), lm: make(map[string]Entry, len(local)), local: local}
+	for _, e := range local {
+		p.lm[e.Path] = e
+	}
+	for _, w := range wanted {
+		if !o.PreserveSpecialBits {
+			w.Mode &= 0o777
+		}
+		if !o.PreserveOwner {
+			if l, ok := p.lm[w.Path]; ok && l.Kind == w.Kind {
+				w.UID, w.GID = l.UID, l.GID
+			} else {
+				w.UID, w.GID = root.UID, root.GID
+			}
+		}
+		p.Wanted = append(p.Wanted, w)
+		p.wm[w.Path] = w
+	}
+	for _, l := range local {
+		w, ok := p.wm[l.Path]
 		if ok && w.Kind == l.Kind {
 			continue
 		}
 		if l.Kind == KindDir {
-			delDirs = append(delDirs, l)
+			p.DelDirs = append(p.DelDirs, l)
 		} else {
-			delFiles = append(delFiles, l)
+			p.DelFiles = append(p.DelFiles, l)
 		}
 	}
-	for _, w := range wanted {
-		l, ok := lm[w.Path]
+	for _, w := range p.Wanted {
+		l, ok := p.lm[w.Path]
 		switch {
 		case w.Kind == KindDir:
-			// created or fixed below
+			if !ok || l.Kind != KindDir {
+				p.NewDirs = append(p.NewDirs, w)
+			}
 		case !ok || !sameContent(l, w):
-			writes = append(writes, w)
+			p.Writes = append(p.Writes, w)
 		case !sameMeta(l, w):
-			metaFix = append(metaFix, w)
+			p.MetaFix = append(p.MetaFix, w)
 		}
 	}
 	if o.Partial {
-		for _, l := range append(delFiles, delDirs...) {
-			if _, ok := wm[l.Path]; ok {
-				return res, fmt.Errorf("%w: %s changes kind", ErrNeedsFull, l.Path)
+		for _, l := range append(p.DelFiles, p.DelDirs...) {
+			if _, ok := p.wm[l.Path]; ok {
+				return nil, fmt.Errorf("%w: %s changes kind", ErrNeedsFull, l.Path)
 			}
 		}
-		delFiles, delDirs = nil, nil
+		p.DelFiles, p.DelDirs = nil, nil
 	}
-	localFiles := Files(local.Entries)
-	if n := len(delFiles); n > o.AllowDeletes && float64(n) > o.MaxDeleteShare*float64(localFiles) {
-		return res, &ValveError{Deletes: n, TargetFiles: localFiles, MaxShare: o.MaxDeleteShare}
+	localFiles := Files(local)
+	if n := len(p.DelFiles); n > o.AllowDeletes && float64(n) > o.MaxDeleteShare*float64(localFiles) {
+		return nil, &ValveError{Deletes: n, TargetFiles: localFiles, MaxShare: o.MaxDeleteShare}
 	}
+	return p, nil
+}
 
-	touched := map[string]bool{}
-	touch := func(rel string) { touched[filepath.Dir(filepath.Join(sc.Root, filepath.FromSlash(rel)))] = true }
+// execute makes the planned changes, each through a descriptor of the
+// entry's directory opened beneath t's root.
+func (p *ApplyPlan) execute(ctx context.Context, sc *Scanner, t *tree, o ApplyOptions) (ApplyResult, error) {
+	var res ApplyResult
+	touched := map[string]bool{} // directories (relative) whose entries changed
+	touch := func(rel string) { touched[path.Dir(rel)] = true }
 
 	// Local changes about to be overridden are kept, not lost.
 	stamp := o.Now.UTC().Format("20060102T150405.000Z")
@@ -221,12 +355,11 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 		if o.ConflictDir == "" {
 			return errors.New("apply: local changes to keep, and no conflict directory configured")
 		}
-		src := filepath.Join(sc.Root, filepath.FromSlash(l.Path))
 		dst := filepath.Join(o.ConflictDir, stamp, filepath.FromSlash(l.Path))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
 			return fmt.Errorf("apply: conflict dir: %w", err)
 		}
-		if err := keepCopy(src, dst); err != nil {
+		if err := keepCopy(t, l.Path, dst); err != nil {
 			return fmt.Errorf("apply: preserve %s: %w", l.Path, err)
 		}
 		res.Conflicts = append(res.Conflicts, Conflict{Path: l.Path, Reason: reason, PreservedAs: dst})
@@ -235,13 +368,13 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 
 	// Deletions: .txt first, so a message disappears from listings before
 	// its audio does.
+	delFiles := slices.Clone(p.DelFiles)
 	sort.SliceStable(delFiles, func(i, j int) bool { return isTxt(delFiles[i].Path) && !isTxt(delFiles[j].Path) })
 	for _, l := range delFiles {
 		if err := preserve(l); err != nil {
 			return res, err
 		}
-		full := filepath.Join(sc.Root, filepath.FromSlash(l.Path))
-		if err := os.Remove(full); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		if err := t.remove(l.Path, false); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return res, fmt.Errorf("apply: delete %s: %w", l.Path, err)
 		}
 		touch(l.Path)
@@ -249,30 +382,23 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 	}
 	// Deepest directories first. One that still holds excluded files
 	// (node-specific) stays, unless a file must take its place.
+	delDirs := slices.Clone(p.DelDirs)
 	sort.Slice(delDirs, func(i, j int) bool { return delDirs[i].Path > delDirs[j].Path })
 	for _, l := range delDirs {
-		full := filepath.Join(sc.Root, filepath.FromSlash(l.Path))
-		err := os.Remove(full)
+		err := t.remove(l.Path, true)
 		if err != nil && !errors.Is(err, fs.ErrNotExist) {
-			if _, replace := wm[l.Path]; !replace {
+			if _, replace := p.wm[l.Path]; !replace {
 				continue
 			}
-			return res, fmt.Errorf("apply: %s must become a %s but holds files this tree excludes: %w", l.Path, wm[l.Path].Kind, err)
+			return res, fmt.Errorf("apply: %s must become a %s but holds files this tree excludes: %w", l.Path, p.wm[l.Path].Kind, err)
 		}
 		touch(l.Path)
 		res.Deleted++
 	}
 
-	// Directories, parents first.
-	for _, w := range wanted {
-		if w.Kind != KindDir {
-			continue
-		}
-		if l, ok := lm[w.Path]; ok && l.Kind == KindDir {
-			continue
-		}
-		full := filepath.Join(sc.Root, filepath.FromSlash(w.Path))
-		if err := os.Mkdir(full, 0o700); err != nil && !errors.Is(err, fs.ErrExist) {
+	// Directories, parents first (Wanted is sorted).
+	for _, w := range p.NewDirs {
+		if err := t.mkdir(w.Path); err != nil {
 			return res, fmt.Errorf("apply: mkdir %s: %w", w.Path, err)
 		}
 		touch(w.Path)
@@ -280,8 +406,8 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 
 	// Content: media before .txt.
 	var first, last []Entry
-	for _, w := range writes {
-		if l, ok := lm[w.Path]; ok && l.Kind == w.Kind {
+	for _, w := range p.Writes {
+		if l, ok := p.lm[w.Path]; ok && l.Kind == w.Kind {
 			if err := preserve(l); err != nil {
 				return res, err
 			}
@@ -293,13 +419,13 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 		}
 		touch(w.Path)
 	}
-	d, err := newDurability(sc.Root)
+	d, err := newDurability(t)
 	if err != nil {
 		return res, fmt.Errorf("apply: %w", err)
 	}
 	defer d.close()
 	for _, batch := range [][]Entry{first, last} {
-		if err := writeAll(ctx, sc, batch, o, &res, d); err != nil {
+		if err := writeAll(ctx, sc, t, batch, o, &res, d); err != nil {
 			return res, err
 		}
 	}
@@ -307,30 +433,43 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 		return res, fmt.Errorf("apply: %d contents missing from the store: %w", len(res.Missing), ErrMissingContent)
 	}
 
-	for _, w := range metaFix {
-		if err := setMeta(filepath.Join(sc.Root, filepath.FromSlash(w.Path)), w, o.Owner); err != nil {
-			return res, err
+	var rewrite []Entry
+	for _, w := range p.MetaFix {
+		err := setMeta(t, w, o.Owner)
+		if errors.Is(err, errHardLinked) {
+			rewrite = append(rewrite, w)
+			continue
+		}
+		if err != nil {
+			return res, fmt.Errorf("apply: %s: %w", w.Path, err)
 		}
 		res.MetaFixed++
 	}
+	// A file with other names may be one outside the tree (a hard link a
+	// local user made): it gets a copy of its own instead of new metadata.
+	if err := writeAll(ctx, sc, t, rewrite, o, &res, d); err != nil {
+		return res, err
+	}
+	if len(res.Missing) > 0 {
+		return res, fmt.Errorf("apply: %d contents missing from the store: %w", len(res.Missing), ErrMissingContent)
+	}
 	// Directory metadata last and deepest first: writing inside a
 	// directory moves its mtime.
-	for i := len(wanted) - 1; i >= 0; i-- {
-		w := wanted[i]
+	for i := len(p.Wanted) - 1; i >= 0; i-- {
+		w := p.Wanted[i]
 		if w.Kind != KindDir {
 			continue
 		}
-		full := filepath.Join(sc.Root, filepath.FromSlash(w.Path))
-		l, ok := lm[w.Path]
-		if ok && l.Kind == KindDir && sameMeta(l, w) && l.MTime == w.MTime && !touched[full] {
+		l, ok := p.lm[w.Path]
+		if ok && l.Kind == KindDir && sameMeta(l, w) && l.MTime == w.MTime && !touched[w.Path] {
 			continue
 		}
-		if err := setMeta(full, w, o.Owner); err != nil {
-			return res, err
+		if err := setMeta(t, w, o.Owner); err != nil {
+			return res, fmt.Errorf("apply: %s: %w", w.Path, err)
 		}
 	}
 	// Renames are atomic at once, durable only once their directory is.
-	if err := d.syncDirs(touched); err != nil {
+	if err := d.syncDirs(t, touched); err != nil {
 		return res, fmt.Errorf("apply: %w", err)
 	}
 	return res, nil
@@ -344,7 +483,7 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 // (group commit): per-file fsync was half the target's blocking time in the
 // profile of a 10,000-file sync. Every file of the batch is renamed before
 // writeAll returns, which keeps the media-before-.txt order of the batches.
-func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, res *ApplyResult, d *durability) error {
+func writeAll(ctx context.Context, sc *Scanner, t *tree, batch []Entry, o ApplyOptions, res *ApplyResult, d *durability) error {
 	workers := o.Workers
 	if workers <= 0 {
 		workers = 4
@@ -365,6 +504,19 @@ func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, r
 		defer mu.Unlock()
 		return firstErr != nil
 	}
+	if o.Prefetch != nil {
+		hashes := make([]string, 0, len(batch))
+		for _, w := range batch {
+			if w.Kind == KindFile {
+				hashes = append(hashes, w.Hash)
+			}
+		}
+		if len(hashes) > 0 {
+			pctx, cancel := context.WithCancel(ctx)
+			defer cancel() // after every fetcher has returned (wg.Wait below)
+			o.Fetch = o.Prefetch(pctx, hashes)
+		}
+	}
 	work := make(chan Entry)
 	staged := make(chan *stagedFile, d.queue())
 	var wg sync.WaitGroup
@@ -373,9 +525,8 @@ func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, r
 		go func() {
 			defer wg.Done()
 			for w := range work {
-				full := filepath.Join(sc.Root, filepath.FromSlash(w.Path))
 				if w.Kind == KindSymlink {
-					err := writeSymlink(full, w, o.Owner)
+					err := writeSymlink(t, w, o.Owner)
 					mu.Lock()
 					if err != nil {
 						if firstErr == nil {
@@ -387,7 +538,7 @@ func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, r
 					mu.Unlock()
 					continue
 				}
-				sf, err := stageFile(ctx, full, w, o, d)
+				sf, err := stageFile(ctx, t, w, o, d)
 				switch {
 				case errors.Is(err, ErrMissingContent):
 					mu.Lock()
@@ -458,29 +609,33 @@ func writeAll(ctx context.Context, sc *Scanner, batch []Entry, o ApplyOptions, r
 	return ctx.Err()
 }
 
-// stageFile writes w's content to a temp file next to full, checks its
-// hash and gives it owner, mode and mtime. The file is left open and not
-// yet durable: the committer syncs it, then renames it over full.
-func stageFile(ctx context.Context, full string, w Entry, o ApplyOptions, d *durability) (*stagedFile, error) {
+// stageFile writes w's content to a temp file in w's directory, checks
+// its hash and gives it owner, mode and mtime. The file is left open and
+// not yet durable: the committer syncs it, then renames it over w's name.
+func stageFile(ctx context.Context, t *tree, w Entry, o ApplyOptions, d *durability) (*stagedFile, error) {
 	rc, err := o.Fetch(ctx, w.Hash)
 	if err != nil {
 		return nil, err
 	}
 	defer rc.Close()
-	tmp, err := os.CreateTemp(filepath.Dir(full), TempPrefix+filepath.Base(full)+"-*")
+	dir, name, err := t.parent(w.Path)
 	if err != nil {
-		return nil, fmt.Errorf("temp file: %w", err)
+		return nil, err
 	}
+	tmp, tmpName, err := dir.createTemp(name)
+	if err != nil {
+		dir.close()
+		return nil, err
+	}
+	sf := &stagedFile{w: w, f: tmp, dir: dir, tmp: tmpName, name: name}
 	done := false
 	defer func() {
 		if !done {
-			tmp.Close()
-			os.Remove(tmp.Name())
+			discard([]*stagedFile{sf})
 		}
 	}()
 	// Watch the file system for write-back errors from before the first byte.
-	dev, err := d.watch(tmp)
-	if err != nil {
+	if sf.dev, err = d.watch(tmp); err != nil {
 		return nil, err
 	}
 	h := sha256.New()
@@ -503,88 +658,132 @@ func stageFile(ctx context.Context, full string, w Entry, o ApplyOptions, d *dur
 	if got := hex.EncodeToString(h.Sum(nil)); got != w.Hash {
 		return nil, fmt.Errorf("content %s arrived with hash %s", w.Hash, got)
 	}
-	if o.Owner {
-		if err := tmp.Chown(w.UID, w.GID); err != nil {
-			return nil, fmt.Errorf("chown: %w", err)
-		}
+	if err := setFileMeta(tmp, w, o.Owner); err != nil {
+		return nil, err
 	}
-	if err := tmp.Chmod(w.FileMode()); err != nil {
-		return nil, fmt.Errorf("chmod: %w", err)
-	}
-	mt := time.Unix(0, w.MTime)
-	if err := os.Chtimes(tmp.Name(), mt, mt); err != nil {
-		return nil, fmt.Errorf("chtimes: %w", err)
-	}
+	sf.n = n
 	done = true
-	return d.staged(&stagedFile{w: w, f: tmp, full: full, n: n, dev: dev})
+	return d.staged(sf)
 }
 
-func writeSymlink(full string, w Entry, owner bool) error {
-	tmp := filepath.Join(filepath.Dir(full), TempPrefix+filepath.Base(full)+"-link")
-	_ = os.Remove(tmp)
-	if err := os.Symlink(w.Link, tmp); err != nil {
+func writeSymlink(t *tree, w Entry, chown bool) error {
+	dir, name, err := t.parent(w.Path)
+	if err != nil {
+		return err
+	}
+	defer dir.close()
+	tmp := TempPrefix + name + "-link"
+	_ = unix.Unlinkat(dir.fd(), tmp, 0)
+	if err := unix.Symlinkat(w.Link, dir.fd(), tmp); err != nil {
 		return fmt.Errorf("symlink: %w", err)
 	}
-	if owner {
-		if err := os.Lchown(tmp, w.UID, w.GID); err != nil {
-			os.Remove(tmp)
+	if chown {
+		if err := unix.Fchownat(dir.fd(), tmp, w.UID, w.GID, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+			_ = unix.Unlinkat(dir.fd(), tmp, 0)
 			return fmt.Errorf("lchown: %w", err)
 		}
 	}
-	if err := os.Rename(tmp, full); err != nil {
-		os.Remove(tmp)
+	if err := unix.Renameat(dir.fd(), tmp, dir.fd(), name); err != nil {
+		_ = unix.Unlinkat(dir.fd(), tmp, 0)
 		return fmt.Errorf("rename: %w", err)
 	}
 	return nil
 }
 
-func setMeta(full string, w Entry, owner bool) error {
+// setMeta gives an existing entry its owner (when chown is set), mode and
+// mtime, never following a symlink.
+func setMeta(t *tree, w Entry, chown bool) error {
+	dir, name, err := t.parent(w.Path)
+	if err != nil {
+		return err
+	}
+	defer dir.close()
 	if w.Kind == KindSymlink {
-		if owner {
-			if err := os.Lchown(full, w.UID, w.GID); err != nil {
-				return fmt.Errorf("apply: lchown %s: %w", w.Path, err)
+		if chown {
+			if err := unix.Fchownat(dir.fd(), name, w.UID, w.GID, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				return fmt.Errorf("lchown: %w", err)
 			}
 		}
 		return nil
 	}
-	if owner {
-		if err := os.Chown(full, w.UID, w.GID); err != nil {
-			return fmt.Errorf("apply: chown %s: %w", w.Path, err)
+	f, err := dir.openEntry(name, w.Kind)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	if w.Kind == KindFile {
+		var st unix.Stat_t
+		if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+			return err
+		}
+		if st.Nlink > 1 {
+			return errHardLinked
 		}
 	}
-	if err := os.Chmod(full, w.FileMode()); err != nil {
-		return fmt.Errorf("apply: chmod %s: %w", w.Path, err)
+	return setFileMeta(f, w, chown)
+}
+
+// errHardLinked: a file to change in place has other names.
+var errHardLinked = errors.New("file has other hard links")
+
+// mkdir creates the directory rel, readable only by its owner until its
+// metadata is set; one that exists is left as it is.
+func (t *tree) mkdir(rel string) error {
+	dir, name, err := t.parent(rel)
+	if err != nil {
+		return err
 	}
-	mt := time.Unix(0, w.MTime)
-	if err := os.Chtimes(full, mt, mt); err != nil {
-		return fmt.Errorf("apply: chtimes %s: %w", w.Path, err)
+	defer dir.close()
+	if err := unix.Mkdirat(dir.fd(), name, 0o700); err != nil && !errors.Is(err, unix.EEXIST) {
+		return err
 	}
 	return nil
 }
 
-// keepCopy puts src's current content at dst: a hard link when possible
-// (instant, and the name can then be replaced atomically), else a copy.
-func keepCopy(src, dst string) error {
-	if err := os.Link(src, dst); err == nil {
-		return nil
-	}
-	fi, err := os.Lstat(src)
+// remove deletes the file, symlink or (empty) directory rel.
+func (t *tree) remove(rel string, isDir bool) error {
+	dir, name, err := t.parent(rel)
 	if err != nil {
 		return err
 	}
-	if fi.Mode()&fs.ModeSymlink != 0 {
-		target, err := os.Readlink(src)
+	defer dir.close()
+	flag := 0
+	if isDir {
+		flag = unix.AT_REMOVEDIR
+	}
+	return unix.Unlinkat(dir.fd(), name, flag)
+}
+
+// keepCopy puts rel's current content at dst: a hard link when possible
+// (instant, and the name can then be replaced atomically), else a copy.
+// rel itself is never followed.
+func keepCopy(t *tree, rel, dst string) error {
+	dir, name, err := t.parent(rel)
+	if err != nil {
+		return err
+	}
+	defer dir.close()
+	if err := unix.Linkat(dir.fd(), name, unix.AT_FDCWD, dst, 0); err == nil {
+		return nil
+	}
+	var st unix.Stat_t
+	if err := unix.Fstatat(dir.fd(), name, &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return err
+	}
+	if st.Mode&unix.S_IFMT == unix.S_IFLNK {
+		buf := make([]byte, unix.PathMax)
+		n, err := unix.Readlinkat(dir.fd(), name, buf)
 		if err != nil {
 			return err
 		}
-		return os.Symlink(target, dst)
+		return os.Symlink(string(buf[:n]), dst)
 	}
-	in, err := os.Open(src)
+	in, err := dir.openEntry(name, KindFile)
 	if err != nil {
 		return err
 	}
 	defer in.Close()
-	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fi.Mode().Perm())
+	out, err := os.OpenFile(dst, os.O_WRONLY|os.O_CREATE|os.O_EXCL, fs.FileMode(st.Mode&0o777))
 	if err != nil {
 		return err
 	}
@@ -599,27 +798,63 @@ func isTxt(p string) bool { return strings.HasSuffix(p, ".txt") }
 
 func safeRel(p string) bool {
 	return p != "" && p != "." && !strings.HasPrefix(p, "/") && path.Clean(p) == p &&
-		p != ".." && !strings.HasPrefix(p, "../") && !strings.Contains(p, "/../")
+		p != ".." && !strings.HasPrefix(p, "../") && !strings.Contains(p, "/../") &&
+		!strings.ContainsRune(p, 0)
 }
 
 // RemoveTemps deletes temp files a crash left in the tree. They are never
-// visible under a final name, but they take space.
-func RemoveTemps(root string) error {
-	err := filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+// visible under a final name, but they take space. Like Apply it walks
+// through directory descriptors and never follows a symlink.
+func (s *Scanner) RemoveTemps() error {
+	root := s.Root
+	t, err := s.root()
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("remove temps in %s: %w", root, err)
+	}
+	defer t.close()
+	var walk func(rel string) error
+	walk = func(rel string) error {
+		dir, err := t.dir(rel)
 		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
+			if rel != "." && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrOutsideTree)) {
+				return nil // gone, or swapped for a symlink: nothing of ours below
 			}
 			return err
 		}
-		if !d.IsDir() && strings.HasPrefix(d.Name(), TempPrefix) {
-			if err := os.Remove(p); err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return err
+		defer dir.close()
+		// A descriptor of its own: the shared one's offset is not ours to move.
+		fd, err := unix.Openat(dir.fd(), ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		lf := os.NewFile(uintptr(fd), dir.f.Name())
+		des, err := lf.ReadDir(-1)
+		lf.Close()
+		if err != nil {
+			return err
+		}
+		for _, de := range des {
+			child := de.Name()
+			if rel != "." {
+				child = rel + "/" + de.Name()
+			}
+			switch {
+			case isDirent(de):
+				if err := walk(child); err != nil {
+					return err
+				}
+			case strings.HasPrefix(de.Name(), TempPrefix):
+				if err := unix.Unlinkat(dir.fd(), de.Name(), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+					return err
+				}
 			}
 		}
 		return nil
-	})
-	if err != nil {
+	}
+	if err := walk("."); err != nil {
 		return fmt.Errorf("remove temps in %s: %w", root, err)
 	}
 	return nil

@@ -5,11 +5,9 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 
 	"golang.org/x/sys/unix"
 )
@@ -36,7 +34,8 @@ const (
 type stagedFile struct {
 	w         Entry
 	f         *os.File
-	tmp, full string
+	dir       *dirHandle // w's directory: the temp file and w's name are in it
+	tmp, name string     // names in dir
 	n         int64
 	dev       uint64
 }
@@ -54,14 +53,11 @@ func (d *durability) queue() int {
 // a small group reopens the file to fsync it (a write-back error nobody has
 // seen yet is reported to a descriptor opened after it).
 func (d *durability) staged(sf *stagedFile) (*stagedFile, error) {
-	sf.tmp = sf.f.Name()
 	if !d.syncfs {
 		return sf, nil
 	}
-	err := sf.f.Close()
-	sf.f = nil
-	if err != nil {
-		os.Remove(sf.tmp)
+	if err := sf.close(); err != nil {
+		discard([]*stagedFile{sf})
 		return nil, fmt.Errorf("close: %w", err)
 	}
 	return sf, nil
@@ -69,15 +65,15 @@ func (d *durability) staged(sf *stagedFile) (*stagedFile, error) {
 
 // fsync syncs one staged file through its open descriptor or a new one.
 func (sf *stagedFile) fsync() error {
-	f := sf.f
-	if f == nil {
-		var err error
-		if f, err = os.Open(sf.tmp); err != nil {
-			return err
-		}
-		defer f.Close()
+	if sf.f != nil {
+		return sf.f.Sync()
 	}
-	return f.Sync()
+	fd, err := unix.Openat(sf.dir.fd(), sf.tmp, unix.O_RDONLY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return err
+	}
+	defer unix.Close(fd)
+	return unix.Fsync(fd)
 }
 
 func (sf *stagedFile) close() error {
@@ -106,24 +102,20 @@ type durability struct {
 	devs map[uint64]*os.File
 }
 
-func newDurability(root string) (*durability, error) {
+func newDurability(t *tree) (*durability, error) {
 	d := &durability{syncfs: syncfsReportsErrors(), devs: map[uint64]*os.File{}}
-	fi, err := os.Stat(root)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := d.device(root, fi); err != nil {
+	if _, err := d.device(t.root); err != nil {
 		return nil, err
 	}
 	return d, nil
 }
 
-// device returns the file system of fi (which is at path p, or in the
-// directory p), opening a descriptor on it the first time it is seen.
-func (d *durability) device(p string, fi fs.FileInfo) (uint64, error) {
-	st, ok := fi.Sys().(*syscall.Stat_t)
-	if !ok {
-		return 0, nil
+// device returns the file system f is on, keeping a descriptor of it (a
+// duplicate of f's) the first time it is seen.
+func (d *durability) device(f *os.File) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return 0, fmt.Errorf("stat %s: %w", f.Name(), err)
 	}
 	dev := uint64(st.Dev)
 	d.mu.Lock()
@@ -131,22 +123,18 @@ func (d *durability) device(p string, fi fs.FileInfo) (uint64, error) {
 	if _, ok := d.devs[dev]; ok || !d.syncfs {
 		return dev, nil
 	}
-	f, err := os.Open(p)
+	fd, err := unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
-		return 0, fmt.Errorf("open %s to sync its file system: %w", p, err)
+		return 0, fmt.Errorf("keep %s to sync its file system: %w", f.Name(), err)
 	}
-	d.devs[dev] = f
+	d.devs[dev] = os.NewFile(uintptr(fd), f.Name())
 	return dev, nil
 }
 
 // watch notes the file system of a new temp file before anything is
 // written to it, so a later syncfs reports any write-back error of it.
 func (d *durability) watch(f *os.File) (uint64, error) {
-	fi, err := f.Stat()
-	if err != nil {
-		return 0, fmt.Errorf("stat temp file: %w", err)
-	}
-	return d.device(filepath.Dir(f.Name()), fi)
+	return d.device(f)
 }
 
 // commit makes a group of staged files durable, then renames each over its
@@ -177,13 +165,13 @@ func (d *durability) commit(group []*stagedFile) error {
 	for i, sf := range group {
 		err := sf.close()
 		if err == nil {
-			err = os.Rename(sf.tmp, sf.full)
+			err = unix.Renameat(sf.dir.fd(), sf.tmp, sf.dir.fd(), sf.name)
 		}
 		if err != nil {
-			os.Remove(sf.tmp)
-			discard(group[i+1:])
+			discard(group[i:])
 			return fmt.Errorf("%s: %w", sf.w.Path, err)
 		}
+		sf.dir.close()
 	}
 	return nil
 }
@@ -203,9 +191,10 @@ func (d *durability) syncDevs(devs map[uint64]bool) error {
 	return nil
 }
 
-// syncDirs makes the named directories' entries (renames, creations,
-// deletions) durable.
-func (d *durability) syncDirs(dirs map[string]bool) error {
+// syncDirs makes the named directories' (relative to t's root) entries
+// (renames, creations, deletions) durable. A directory gone since, or
+// swapped for a symlink, holds nothing of this apply's.
+func (d *durability) syncDirs(t *tree, dirs map[string]bool) error {
 	if len(dirs) == 0 {
 		return nil
 	}
@@ -213,17 +202,19 @@ func (d *durability) syncDirs(dirs map[string]bool) error {
 	for dir := range dirs {
 		list = append(list, dir)
 	}
+	gone := func(err error) bool { return errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrOutsideTree) }
 	if d.syncfs && len(list) >= groupSync {
 		devs := map[uint64]bool{}
-		for _, dir := range list {
-			fi, err := os.Stat(dir)
-			if errors.Is(err, fs.ErrNotExist) {
+		for _, rel := range list {
+			h, err := t.dir(rel)
+			if gone(err) {
 				continue
 			}
 			if err != nil {
-				return fmt.Errorf("sync %s: %w", dir, err)
+				return fmt.Errorf("sync %s: %w", rel, err)
 			}
-			dev, err := d.device(dir, fi)
+			dev, err := d.device(h.f)
+			h.close()
 			if err != nil {
 				return err
 			}
@@ -232,16 +223,16 @@ func (d *durability) syncDirs(dirs map[string]bool) error {
 		return d.syncDevs(devs)
 	}
 	return parallel(len(list), func(i int) error {
-		f, err := os.Open(list[i])
-		if errors.Is(err, fs.ErrNotExist) {
+		h, err := t.dir(list[i])
+		if gone(err) {
 			return nil
 		}
 		if err != nil {
 			return fmt.Errorf("sync %s: %w", list[i], err)
 		}
-		defer f.Close()
-		if err := f.Sync(); err != nil {
-			return fmt.Errorf("sync %s: %w", list[i], err)
+		defer h.close()
+		if err := h.f.Sync(); err != nil {
+			return fmt.Errorf("sync %s: %w", h.f.Name(), err)
 		}
 		return nil
 	})
@@ -260,7 +251,8 @@ func (d *durability) close() {
 func discard(group []*stagedFile) {
 	for _, sf := range group {
 		sf.close()
-		os.Remove(sf.tmp)
+		_ = unix.Unlinkat(sf.dir.fd(), sf.tmp, 0)
+		sf.dir.close()
 	}
 }
 

@@ -271,7 +271,7 @@ func TestCrashMidTransferLeavesNoPartialFile(t *testing.T) {
 			if err != nil || len(r.Entries) != 1 {
 				t.Fatalf("a scan sees new or partial files: %+v %v", r.Entries, err)
 			}
-			if err := RemoveTemps(dst); err != nil {
+			if err := (&Scanner{Root: dst}).RemoveTemps(); err != nil {
 				t.Fatal(err)
 			}
 			left, _ := filepath.Glob(filepath.Join(dst, TempPrefix+"*"))
@@ -305,7 +305,7 @@ func TestCrashHelper(t *testing.T) {
 			add(fmt.Sprintf("new%02d.wav", i), 64<<10)
 		}
 		beforeCommit = func(group []*stagedFile) {
-			fmt.Printf("PARTIAL %s\n", group[0].tmp)
+			fmt.Printf("PARTIAL %s\n", filepath.Join(group[0].dir.f.Name(), group[0].tmp))
 			select {} // wait for the kill
 		}
 	} else {

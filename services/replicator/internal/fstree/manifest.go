@@ -5,9 +5,13 @@
 package fstree
 
 import (
+	"bytes"
+	"compress/gzip"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"fmt"
+	"io"
 	"io/fs"
 	"path"
 	"sort"
@@ -54,20 +58,6 @@ func (e Entry) FileMode() fs.FileMode {
 		m |= fs.ModeSticky
 	}
 	return m
-}
-
-func modeBits(m fs.FileMode) uint32 {
-	b := uint32(m.Perm())
-	if m&fs.ModeSetuid != 0 {
-		b |= 0o4000
-	}
-	if m&fs.ModeSetgid != 0 {
-		b |= 0o2000
-	}
-	if m&fs.ModeSticky != 0 {
-		b |= 0o1000
-	}
-	return b
 }
 
 // sameContent says whether two entries hold the same data (metadata aside).
@@ -160,4 +150,112 @@ func StoredPart(entries []Entry, stored func(hash string) bool) []Entry {
 		part = append(part, e)
 	}
 	return part
+}
+
+// MaxManifestBytes bounds a manifest's decompressed size: a 10,000-file
+// tree's is about 2 MB, so this allows some 500,000 entries while a
+// compressed bomb of a few kilobytes cannot make a target allocate
+// gigabytes.
+const MaxManifestBytes = 128 << 20
+
+// EncodeManifest writes m as gzipped JSON, the form manifests are stored in.
+func EncodeManifest(m *Manifest) ([]byte, error) {
+	var buf bytes.Buffer
+	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
+	if err := json.NewEncoder(zw).Encode(m); err != nil {
+		return nil, fmt.Errorf("encode manifest: %w", err)
+	}
+	if err := zw.Close(); err != nil {
+		return nil, fmt.Errorf("encode manifest: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+// DecodeManifest reads a stored manifest (gzipped JSON) and refuses one
+// that is larger than MaxManifestBytes once decompressed, whose entries
+// fail CheckEntries, or whose digest does not match its entries. What it
+// returns may still be refused by a tree's own rules (Validate).
+func DecodeManifest(b []byte) (*Manifest, error) {
+	return decodeManifest(b, MaxManifestBytes)
+}
+
+// decodeManifest is DecodeManifest with a bound of limit bytes (the fuzz
+// target's is smaller, so a bomb costs it milliseconds, not seconds).
+func decodeManifest(b []byte, limit int64) (*Manifest, error) {
+	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("decode manifest: %w", err)
+	}
+	raw, err := io.ReadAll(io.LimitReader(zr, limit+1))
+	if err != nil {
+		return nil, fmt.Errorf("decode manifest: %w", err)
+	}
+	if int64(len(raw)) > limit {
+		return nil, fmt.Errorf("decode manifest: more than %d bytes decompressed", limit)
+	}
+	var m Manifest
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	if err := dec.Decode(&m); err != nil {
+		return nil, fmt.Errorf("decode manifest: %w", err)
+	}
+	if err := CheckEntries(m.Entries); err != nil {
+		return nil, fmt.Errorf("decode manifest: %w", err)
+	}
+	if d := Digest(m.Entries); d != m.Digest {
+		return nil, fmt.Errorf("decode manifest: digest %s does not match its entries (%s)", m.Digest, d)
+	}
+	return &m, nil
+}
+
+// CheckEntries refuses (ErrUnsafeManifest) entries that no scan produces:
+// a path that is empty, absolute, not clean, climbs with "..", or holds a
+// NUL; a path listed twice; an unknown kind; a file without a SHA-256 or
+// with a negative size; a symlink without a target; mode bits beyond
+// permissions, setuid, setgid and sticky; an AstDB key or value holding a
+// line break or NUL (it would end the AMI action it is sent in and start
+// another of the sender's choosing).
+func CheckEntries(es []Entry) error {
+	seen := make(map[string]bool, len(es))
+	for _, e := range es {
+		if e.Kind == KindValue {
+			if e.Path == "" || strings.ContainsAny(e.Path, "\x00\r\n") || strings.ContainsAny(e.Value, "\x00\r\n") {
+				return fmt.Errorf("%w: value entry %q holds a line break or NUL", ErrUnsafeManifest, e.Path)
+			}
+		} else if !safeRel(e.Path) {
+			return fmt.Errorf("%w: path %q", ErrUnsafeManifest, e.Path)
+		}
+		if seen[e.Path] {
+			return fmt.Errorf("%w: path %q listed twice", ErrUnsafeManifest, e.Path)
+		}
+		seen[e.Path] = true
+		if e.Mode&^0o7777 != 0 {
+			return fmt.Errorf("%w: %q has mode %o", ErrUnsafeManifest, e.Path, e.Mode)
+		}
+		switch e.Kind {
+		case KindDir, KindValue:
+		case KindFile:
+			if !isSHA256(e.Hash) || e.Size < 0 {
+				return fmt.Errorf("%w: file %q has hash %q and size %d", ErrUnsafeManifest, e.Path, e.Hash, e.Size)
+			}
+		case KindSymlink:
+			if e.Link == "" || strings.ContainsRune(e.Link, 0) {
+				return fmt.Errorf("%w: symlink %q has no usable target", ErrUnsafeManifest, e.Path)
+			}
+		default:
+			return fmt.Errorf("%w: %q has unknown kind %q", ErrUnsafeManifest, e.Path, e.Kind)
+		}
+	}
+	return nil
+}
+
+func isSHA256(h string) bool {
+	if len(h) != 64 {
+		return false
+	}
+	for _, c := range h {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

@@ -13,6 +13,8 @@ import (
 	"path/filepath"
 	"sync"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // ErrRootMissing means a tree's root does not exist or is not a directory:
@@ -41,6 +43,9 @@ type Scanner struct {
 
 	mu    sync.Mutex
 	cache map[string]cached
+
+	pinMu  sync.Mutex
+	pinned string // where Root led when it first existed (see root)
 }
 
 // ScanResult is a scan's outcome.
@@ -53,7 +58,20 @@ type ScanResult struct {
 }
 
 // Scan lists the tree. Files that vanish during the scan are left out.
-func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) {
+func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) { return s.ScanEach(ctx, nil) }
+
+// KeepMax is the largest file whose content ScanEach hands over with its
+// entry (the object store's chunk: a content that goes out in one message).
+const KeepMax = 128 << 10
+
+// ScanEach is Scan that also calls hashed with every file it reads (new or
+// changed since this scanner last read it) as soon as its hash is known,
+// from several goroutines at once, before it returns; content is the
+// file's bytes as hashed when the file is at most KeepMax bytes, else nil.
+// A source sends contents while the rest of the tree is still being read,
+// and a small file is read once, not once to hash and again to send.
+// hashed may block: reading waits for it.
+func (s *Scanner) ScanEach(ctx context.Context, hashed func(e Entry, content []byte)) (ScanResult, error) {
 	st, err := os.Stat(s.Root)
 	if err != nil || !st.IsDir() {
 		if err == nil {
@@ -66,44 +84,58 @@ func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) {
 		s.cache = map[string]cached{}
 	}
 	s.mu.Unlock()
+	// Everything is read through descriptors, never through a symlink: a
+	// local process swapping a directory or file for a link to something
+	// it may not read itself must not get it published.
+	t, err := s.root()
+	if err != nil {
+		return ScanResult{}, fmt.Errorf("%w: %s: %v", ErrRootMissing, s.Root, err)
+	}
+	defer t.close()
 
 	var entries []Entry
 	var toHash []int
 	keys := map[int]statKey{}
-	var walk func(dir, rel string) error
-	walk = func(dir, rel string) error {
+	var walk func(dirfd int, rel string) error
+	walk = func(dirfd int, rel string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		des, err := os.ReadDir(dir)
+		// A descriptor of its own to read: ReadDir moves its offset.
+		fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
 		if err != nil {
-			if rel != "" && errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return fmt.Errorf("scan %s: %w", dir, err)
+			return fmt.Errorf("scan %s: %w", t.full(rel), err)
+		}
+		df := os.NewFile(uintptr(fd), t.full(rel))
+		des, err := df.ReadDir(-1)
+		df.Close()
+		if err != nil {
+			return fmt.Errorf("scan %s: %w", t.full(rel), err)
 		}
 		for _, de := range des {
 			r := de.Name()
 			if rel != "" {
 				r = rel + "/" + de.Name()
 			}
-			full := filepath.Join(dir, de.Name())
-			fi, err := os.Lstat(full)
-			if err != nil {
-				if errors.Is(err, fs.ErrNotExist) {
+			var st unix.Stat_t
+			if err := unix.Fstatat(dirfd, de.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+				if errors.Is(err, unix.ENOENT) {
 					continue
 				}
-				return fmt.Errorf("scan %s: %w", full, err)
+				return fmt.Errorf("scan %s: %w", t.full(r), err)
 			}
-			e, key, ok := entryOf(r, fi)
+			e, key, ok := entryOfStat(r, &st)
 			if !ok || s.Exclude.Excluded(r, e.Kind == KindDir) {
 				continue
 			}
 			switch e.Kind {
 			case KindSymlink:
-				if e.Link, err = os.Readlink(full); err != nil {
+				buf := make([]byte, unix.PathMax)
+				n, err := unix.Readlinkat(dirfd, de.Name(), buf)
+				if err != nil {
 					continue
 				}
+				e.Link = string(buf[:n])
 			case KindFile:
 				s.mu.Lock()
 				c, hit := s.cache[r]
@@ -117,17 +149,31 @@ func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) {
 			}
 			entries = append(entries, e)
 			if e.Kind == KindDir {
-				if err := walk(full, r); err != nil {
+				sub, err := unix.Openat(dirfd, de.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+				if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
+					// Gone or swapped since the stat: the next scan sees what it became.
+					entries = entries[:len(entries)-1]
+					continue
+				}
+				if err != nil {
+					return fmt.Errorf("scan %s: %w", t.full(r), err)
+				}
+				err = walk(sub, r)
+				unix.Close(sub)
+				if err != nil {
 					return err
 				}
 			}
 		}
 		return nil
 	}
-	if err := walk(s.Root, ""); err != nil {
+	if err := walk(int(t.root.Fd()), ""); err != nil {
 		return ScanResult{}, err
 	}
 
+	if beforeHash != nil {
+		beforeHash()
+	}
 	res := ScanResult{Hashed: len(toHash)}
 	gone := make([]bool, len(entries))
 	var mu sync.Mutex
@@ -144,11 +190,17 @@ func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) {
 			defer wg.Done()
 			for i := range work {
 				e := &entries[i]
-				full := filepath.Join(s.Root, filepath.FromSlash(e.Path))
-				h, after, err := hashFile(full)
+				keep := int64(-1)
+				if hashed != nil && e.Size <= KeepMax {
+					keep = e.Size
+				}
+				h, after, content, err := hashFile(t, e.Path, keep)
+				var done Entry
 				mu.Lock()
 				switch {
-				case errors.Is(err, fs.ErrNotExist):
+				case errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrOutsideTree) || errors.Is(err, errKindChanged):
+					// Gone, or swapped for something else since the
+					// stat: the next scan sees what it became.
 					gone[i] = true
 				case err != nil:
 					if firstErr == nil {
@@ -166,8 +218,12 @@ func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) {
 						s.cache[e.Path] = cached{key: after.key, hash: h}
 						s.mu.Unlock()
 					}
+					done = *e
 				}
 				mu.Unlock()
+				if hashed != nil && done.Hash != "" {
+					hashed(done, content)
+				}
 			}
 		}()
 	}
@@ -196,6 +252,9 @@ func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) {
 	s.forgetMissing(out)
 	return res, nil
 }
+
+// beforeHash, when set by a test, runs between the walk and the reads.
+var beforeHash func()
 
 // forgetMissing drops cache entries of deleted files, so the cache does not
 // grow with every file that ever existed.
@@ -238,18 +297,25 @@ func (s *Scanner) Remember(rel, hash string) {
 // entryOf builds an entry from an lstat; ok is false for kinds not
 // replicated (sockets, devices, fifos).
 func entryOf(rel string, fi fs.FileInfo) (Entry, statKey, bool) {
-	e := Entry{Path: path.Clean(rel), Mode: modeBits(fi.Mode()), MTime: fi.ModTime().UnixNano()}
-	var key statKey
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		e.UID, e.GID = int(st.Uid), int(st.Gid)
-		key = statKey{size: st.Size, mtime: e.MTime, ctime: st.Ctim.Nano(), ino: st.Ino}
+	st, ok := fi.Sys().(*syscall.Stat_t)
+	if !ok {
+		return Entry{}, statKey{}, false
 	}
-	switch {
-	case fi.Mode().IsRegular():
-		e.Kind, e.Size = KindFile, fi.Size()
-	case fi.IsDir():
+	return entryOfStat(rel, &unix.Stat_t{Mode: st.Mode, Uid: st.Uid, Gid: st.Gid, Size: st.Size, Ino: st.Ino,
+		Mtim: unix.Timespec(st.Mtim), Ctim: unix.Timespec(st.Ctim)})
+}
+
+// entryOfStat is entryOf from a stat(2) result.
+func entryOfStat(rel string, st *unix.Stat_t) (Entry, statKey, bool) {
+	e := Entry{Path: path.Clean(rel), Mode: st.Mode & 0o7777, MTime: st.Mtim.Nano(),
+		UID: int(st.Uid), GID: int(st.Gid)}
+	key := statKey{size: st.Size, mtime: e.MTime, ctime: st.Ctim.Nano(), ino: st.Ino}
+	switch st.Mode & unix.S_IFMT {
+	case unix.S_IFREG:
+		e.Kind, e.Size = KindFile, st.Size
+	case unix.S_IFDIR:
 		e.Kind = KindDir
-	case fi.Mode()&fs.ModeSymlink != 0:
+	case unix.S_IFLNK:
 		e.Kind = KindSymlink
 		// A symlink's own mode means nothing on Linux, and its times
 		// cannot be set through the portable calls: neither is carried.
@@ -262,21 +328,46 @@ func entryOf(rel string, fi fs.FileInfo) (Entry, statKey, bool) {
 
 type fileState struct{ key statKey }
 
-// hashFile reads a file and returns its SHA-256 and its stat after reading.
-func hashFile(full string) (string, fileState, error) {
-	f, err := os.Open(full)
+// hashFile reads the file rel and returns its SHA-256 and its stat after
+// reading. With keep (the size the file had, at most KeepMax; -1 for
+// none) it also returns the bytes it hashed, unless the file grew past
+// KeepMax.
+func hashFile(t *tree, rel string, keep int64) (string, fileState, []byte, error) {
+	full := t.full(rel)
+	f, err := t.openFile(rel)
 	if err != nil {
-		return "", fileState{}, fmt.Errorf("hash %s: %w", full, err)
+		return "", fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
 	}
 	defer f.Close()
 	h := sha256.New()
-	if _, err := io.Copy(h, f); err != nil {
-		return "", fileState{}, fmt.Errorf("hash %s: %w", full, err)
+	var content []byte
+	whole := false
+	if keep >= 0 {
+		// One byte more than expected tells a file that grew: then it is
+		// hashed to its end and not kept.
+		content = make([]byte, keep+1)
+		n, rerr := io.ReadFull(f, content)
+		content = content[:n]
+		h.Write(content)
+		switch {
+		case rerr == nil:
+			content = nil
+		case errors.Is(rerr, io.EOF) || errors.Is(rerr, io.ErrUnexpectedEOF):
+			whole = true
+		default:
+			err = rerr
+		}
+	}
+	if err == nil && !whole {
+		_, err = io.Copy(h, f)
+	}
+	if err != nil {
+		return "", fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		return "", fileState{}, fmt.Errorf("hash %s: %w", full, err)
+		return "", fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
 	}
 	_, key, _ := entryOf(filepath.Base(full), fi)
-	return hex.EncodeToString(h.Sum(nil)), fileState{key: key}, nil
+	return hex.EncodeToString(h.Sum(nil)), fileState{key: key}, content, nil
 }

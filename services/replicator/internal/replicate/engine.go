@@ -22,7 +22,6 @@ import (
 	"github.com/fanpbx/fan/services/replicator/internal/astdb"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -33,6 +32,10 @@ type Tree struct {
 	// on a source a missing root raises an alarm).
 	Root    string
 	Exclude *fstree.Excluder
+	// Policy says what a manifest may ask of this tree on a target
+	// (symlinks leaving it, owners, special mode bits); the zero value is
+	// the safe default.
+	Policy Policy
 	// AstDB: AMI reaches this node's Asterisk; Families are carried.
 	AMI      astdb.Actioner
 	Families []string
@@ -42,6 +45,11 @@ type Tree struct {
 }
 
 func (t Tree) isAstDB() bool { return t.AMI != nil }
+
+// Policy is a files tree's safety policy (see fstree.ApplyOptions).
+type Policy struct {
+	AllowOutsideSymlinks, PreserveOwner, PreserveSpecialBits bool
+}
 
 // Config is what the engine needs; the app fills it from the file.
 type Config struct {
@@ -143,8 +151,9 @@ func New(cfg Config, b *bus.Bus, st *store.Store, reg prometheus.Registerer, log
 func (e *Engine) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	kv, err := e.bus.StateKV(ctx)
-	if err != nil {
+	// The state bucket must be there before its group status is watched: a
+	// missing one is a provisioning fault, not something to wait out.
+	if _, err := e.bus.StateKV(ctx); err != nil {
 		return fmt.Errorf("replicator: %w", err)
 	}
 	if err := e.store.LoadIndex(ctx); err != nil {
@@ -180,7 +189,10 @@ func (e *Engine) Run(ctx context.Context) error {
 	goRun(func(ctx context.Context) error {
 		prefix := events.ReplManifestName(e.cfg.Cluster, e.cfg.Group, "", "")
 		prefix = strings.TrimSuffix(prefix, ".")
-		return e.store.WatchManifests(ctx, func(name string) {
+		return e.bus.WatchObjects(ctx, events.ReplManifestBucket, func(name string, deleted bool, _ uint64) {
+			if deleted {
+				return
+			}
 			rest, ok := strings.CutPrefix(name, prefix)
 			if !ok {
 				return
@@ -191,7 +203,7 @@ func (e *Engine) Run(ctx context.Context) error {
 			}
 		})
 	})
-	goRun(func(ctx context.Context) error { return e.watchRole(ctx, kv) })
+	goRun(e.watchRole)
 	if e.cfg.GCInterval > 0 {
 		goRun(e.gcLoop)
 	}
@@ -208,45 +220,16 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 }
 
-// watchRole follows the group's status. The watcher is advisory (it can lag
-// after a server restart), so it is backed by a periodic read; and every
-// source re-reads the status right before publishing anyway.
-func (e *Engine) watchRole(ctx context.Context, kv jetstream.KeyValue) error {
+// watchRole follows the group's status. Every source re-reads the status
+// right before publishing anyway; this only turns a worker's direction
+// soon after a move.
+func (e *Engine) watchRole(ctx context.Context) error {
 	key := events.GroupStatusKey(e.cfg.Cluster, e.cfg.Group)
-	tick := time.NewTicker(e.cfg.ScanInterval)
-	defer tick.Stop()
-	for ctx.Err() == nil {
-		w, err := kv.Watch(ctx, key)
-		if err != nil {
-			e.log.Warn("watch group status failed, retrying", "key", key, "err", err)
-			select {
-			case <-ctx.Done():
-				return nil
-			case <-time.After(time.Second):
-			}
-			continue
+	return e.bus.WatchKV(ctx, []string{key}, func(_ string, value []byte, deleted bool, _ uint64) {
+		if !deleted {
+			e.setRole(value)
 		}
-	loop:
-		for {
-			select {
-			case <-ctx.Done():
-				break loop
-			case kve, ok := <-w.Updates():
-				if !ok {
-					break loop
-				}
-				if kve != nil && kve.Operation() == jetstream.KeyValuePut {
-					e.setRole(kve.Value())
-				}
-			case <-tick.C:
-				if kve, err := kv.Get(ctx, key); err == nil {
-					e.setRole(kve.Value())
-				}
-			}
-		}
-		_ = w.Stop()
-	}
-	return nil
+	})
 }
 
 func (e *Engine) setRole(v []byte) {

@@ -126,6 +126,33 @@ func (l *lab) start(n *node, extra ...func(*replicate.Config)) context.CancelFun
 	return stop
 }
 
+// holderStore connects as n1 (the holder, played by a test) and opens
+// the store.
+func (l *lab) holderStore() *store.Store {
+	l.t.Helper()
+	b := bustest.Connect(l.t, l.srv, bus.Identity{Cluster: cluster, Service: "replicator", Node: "n1"})
+	st, err := store.Open(l.ctx, b.JS, 1)
+	if err != nil {
+		l.t.Fatal(err)
+	}
+	return st
+}
+
+// publishAsN1 publishes a manifest (or a progress manifest) of the
+// voicemail tree as n1, the holder in epoch 1, straight into the store.
+func (l *lab) publishAsN1(st *store.Store, progress bool, gen uint64, es []fstree.Entry) {
+	l.t.Helper()
+	m := &fstree.Manifest{Cluster: cluster, Group: group, Tree: "voicemail", Node: "n1", Epoch: 1, Generation: gen,
+		Created: time.Now(), Changed: time.Now(), Digest: fstree.Digest(es), Entries: es}
+	put := st.PutManifest
+	if progress {
+		put = st.PutProgress
+	}
+	if err := put(l.ctx, m); err != nil {
+		l.t.Fatal(err)
+	}
+}
+
 // setHolder writes the group status as the arbiter leader would.
 func (l *lab) setHolder(holder string, epoch uint64) {
 	l.t.Helper()
@@ -247,6 +274,15 @@ func newNode(t testing.TB, name string) *node {
 // of many small files and a large one, changes of every kind, a failover
 // that flips the direction, the reverse sync a failback waits for, a node
 // of an older epoch that never pushes, and the safety valve.
+// preserve carries owners and setuid, setgid and sticky bits as the
+// holder has them (preserve_owner, preserve_special_bits), which the
+// default policy does not.
+func preserve(c *replicate.Config) {
+	for i := range c.Trees {
+		c.Trees[i].Policy.PreserveOwner, c.Trees[i].Policy.PreserveSpecialBits = true, true
+	}
+}
+
 func TestDirectionFollowsTheEpoch(t *testing.T) {
 	l := newLab(t)
 	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
@@ -274,8 +310,8 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	}
 
 	mark := l.mark()
-	l.start(n1)
-	stop2 := l.start(n2)
+	l.start(n1, preserve)
+	stop2 := l.start(n2, preserve)
 	l.setHolder("n1", 1)
 
 	// Initial sync, confirmed by the target before "caught up" is claimed.
@@ -317,7 +353,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	stop2()
 	write(t, n1.root, "default/1007/INBOX/msg0500.txt", []byte("while n2 was down"))
 	mark = l.mark()
-	stop2 = l.start(n2)
+	stop2 = l.start(n2, preserve)
 	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
 	// "Caught up" is with the source's last pass; the write above may reach
 	// n1's replicator (a file notification, then a debounced pass) after n2
@@ -383,7 +419,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 		_ = os.Remove(filepath.Join(n2.root, fmt.Sprintf("default/%d/INBOX/msg%04d.txt", 1000+i%10, i)))
 	}
 	mark = l.mark()
-	l.start(n2)
+	l.start(n2, preserve)
 	l.eventually("safety valve alarm", 10*time.Second, func() error {
 		if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 			a, ok := p.(*events.ReplicationAlarm)
@@ -468,11 +504,7 @@ func TestProgressManifests(t *testing.T) {
 	n2 := newNode(t, "n2")
 	write(t, n2.root, "default/1000/INBOX/local.txt", []byte("only on n2"))
 	// n1, the holder, is played by the test, straight into the store.
-	b := bustest.Connect(t, l.srv, bus.Identity{Cluster: cluster, Service: "replicator", Node: "n1"})
-	st, err := store.Open(l.ctx, b.JS, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
+	st := l.holderStore()
 	mark := l.mark()
 	l.start(n2)
 	l.setHolder("n1", 1)
@@ -489,17 +521,7 @@ func TestProgressManifests(t *testing.T) {
 		}
 		return r.Entries
 	}
-	publish := func(progress bool, gen uint64, es []fstree.Entry) {
-		m := &fstree.Manifest{Cluster: cluster, Group: group, Tree: "voicemail", Node: "n1", Epoch: 1, Generation: gen,
-			Created: time.Now(), Changed: time.Now(), Digest: fstree.Digest(es), Entries: es}
-		put := st.PutManifest
-		if progress {
-			put = st.PutProgress
-		}
-		if err := put(l.ctx, m); err != nil {
-			t.Fatal(err)
-		}
-	}
+	publish := func(progress bool, gen uint64, es []fstree.Entry) { l.publishAsN1(st, progress, gen, es) }
 	store1 := func(data []byte) {
 		if _, err := st.Put(l.ctx, store.HashOf(data), bytes.NewReader(data)); err != nil {
 			t.Fatal(err)

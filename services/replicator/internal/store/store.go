@@ -5,8 +5,6 @@
 package store
 
 import (
-	"bytes"
-	"compress/gzip"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -46,11 +44,14 @@ const (
 type Store struct {
 	blobs, manifests jetstream.ObjectStore
 	js               jetstream.JetStream
+	api              string // the JetStream API prefix js uses
 	// The buckets' streams, read directly (see objectReader).
 	blobStream, manifestStream jetstream.Stream
 
 	mu    sync.Mutex
 	known map[string]bool // blobs seen in the bucket or put by this process
+	// absent are blobs a Lookup did not find: their Put need not ask again.
+	absent map[string]bool
 }
 
 // Open creates the buckets when they are missing and never changes an
@@ -78,11 +79,11 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int) (*Store, er
 	if err != nil {
 		return nil, err
 	}
-	s := &Store{blobs: blobs, manifests: manifests, js: js, known: map[string]bool{}}
-	if s.blobStream, err = js.Stream(ctx, "OBJ_"+events.ReplBlobBucket); err != nil {
+	s := &Store{blobs: blobs, manifests: manifests, js: js, api: apiPrefix(js), known: map[string]bool{}, absent: map[string]bool{}}
+	if s.blobStream, err = js.Stream(ctx, events.ObjectStreamName(events.ReplBlobBucket)); err != nil {
 		return nil, fmt.Errorf("object store %s: %w", events.ReplBlobBucket, err)
 	}
-	if s.manifestStream, err = js.Stream(ctx, "OBJ_"+events.ReplManifestBucket); err != nil {
+	if s.manifestStream, err = js.Stream(ctx, events.ObjectStreamName(events.ReplManifestBucket)); err != nil {
 		return nil, fmt.Errorf("object store %s: %w", events.ReplManifestBucket, err)
 	}
 	return s, nil
@@ -154,17 +155,23 @@ var ErrChanged = errors.New("content changed while uploading")
 // only the metadata waits for them. Profiled on 10,000 files, that was most
 // of the source's upload time.
 func (s *Store) Put(ctx context.Context, hash string, r io.Reader) (stored bool, err error) {
-	if s.Has(hash) {
+	s.mu.Lock()
+	known, looked := s.known[hash], s.absent[hash]
+	delete(s.absent, hash)
+	s.mu.Unlock()
+	if known {
 		return false, nil
 	}
 	name := blobPrefix + hash
-	old, err := info(ctx, s.blobStream, events.ReplBlobBucket, name)
-	switch {
-	case err == nil && !old.Deleted:
-		s.markKnown(hash)
-		return false, nil
-	case err != nil && !errors.Is(err, jetstream.ErrObjectNotFound):
-		return false, fmt.Errorf("put %s: %w", name, err)
+	if !looked {
+		old, err := info(ctx, s.blobStream, events.ReplBlobBucket, name)
+		switch {
+		case err == nil && !old.Deleted:
+			s.markKnown(hash)
+			return false, nil
+		case err != nil && !errors.Is(err, jetstream.ErrObjectNotFound):
+			return false, fmt.Errorf("put %s: %w", name, err)
+		}
 	}
 	id := nuid.Next()
 	chunkSubj := fmt.Sprintf(chunkSubjTmpl, events.ReplBlobBucket, id)
@@ -306,7 +313,7 @@ func digestOf(hexHash string) string {
 // checked here: the caller checks the content's SHA-256 against its name
 // (fstree.Apply does, before a byte becomes visible).
 func (s *Store) Get(ctx context.Context, hash string) (io.ReadCloser, error) {
-	r, err := openObject(ctx, s.blobStream, events.ReplBlobBucket, blobPrefix+hash)
+	r, err := s.openObject(ctx, s.blobStream, events.ReplBlobBucket, blobPrefix+hash)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, fmt.Errorf("get %s: %w", hash, fstree.ErrMissingContent)
 	}
@@ -321,7 +328,7 @@ func (s *Store) Get(ctx context.Context, hash string) (io.ReadCloser, error) {
 // chunks of an object that was replaced (its chunks purged) between reading
 // its metadata and subscribing, which hung a target on a manifest being
 // republished. Here the missing chunk is an error, and the pass is retried.
-func openObject(ctx context.Context, stream jetstream.Stream, bucket, name string) (*chunkReader, error) {
+func (s *Store) openObject(ctx context.Context, stream jetstream.Stream, bucket, name string) (*chunkReader, error) {
 	in, err := info(ctx, stream, bucket, name)
 	if err == nil && in.Deleted {
 		err = jetstream.ErrObjectNotFound
@@ -329,46 +336,48 @@ func openObject(ctx context.Context, stream jetstream.Stream, bucket, name strin
 	if err != nil {
 		return nil, err
 	}
+	return s.reader(ctx, events.ObjectStreamName(bucket), bucket, name, in)
+}
+
+// reader reads the object whose metadata is in.
+func (s *Store) reader(ctx context.Context, stream, bucket, name string, in *jetstream.ObjectInfo) (*chunkReader, error) {
 	if in.Opts != nil && in.Opts.Link != nil {
 		return nil, fmt.Errorf("%s: a link, which this store never writes: %w", name, jetstream.ErrBadObjectMeta)
 	}
-	return &chunkReader{ctx: ctx, stream: stream, name: name, subj: fmt.Sprintf(chunkSubjTmpl, bucket, in.NUID),
+	return &chunkReader{ctx: ctx, s: s, stream: stream, name: name, subj: fmt.Sprintf(chunkSubjTmpl, bucket, in.NUID),
 		left: in.Chunks, size: in.Size}, nil
 }
 
-// chunkReader reads an object's chunks in order with direct gets.
+// chunkReader reads an object's chunks in order, a batch of them per
+// request (nextChunks).
 type chunkReader struct {
 	ctx       context.Context
-	stream    jetstream.Stream
+	s         *Store
+	stream    string
 	name      string
 	subj      string
 	next      uint64 // stream sequence to look from
-	left      uint32
+	left      uint32 // chunks not yet asked for
 	size, got uint64
+	queue     [][]byte // chunks received, not yet read
 	buf       []byte
 }
 
 func (c *chunkReader) Read(p []byte) (int, error) {
 	for len(c.buf) == 0 {
-		if c.left == 0 {
-			if c.got != c.size {
-				return 0, fmt.Errorf("%s: %d bytes, metadata says %d", c.name, c.got, c.size)
+		if len(c.queue) == 0 {
+			if c.left == 0 {
+				if c.got != c.size {
+					return 0, fmt.Errorf("%s: %d bytes, metadata says %d", c.name, c.got, c.size)
+				}
+				return 0, io.EOF
 			}
-			return 0, io.EOF
+			if err := c.nextChunks(); err != nil {
+				return 0, err
+			}
 		}
-		ctx, cancel := context.WithTimeout(c.ctx, requestTimeout)
-		m, err := c.stream.GetMsg(ctx, c.next, jetstream.WithGetMsgSubject(c.subj))
-		cancel()
-		if errors.Is(err, jetstream.ErrMsgNotFound) {
-			return 0, fmt.Errorf("%s: chunk missing (replaced or deleted): %w", c.name, fstree.ErrMissingContent)
-		}
-		if err != nil {
-			return 0, fmt.Errorf("%s: %w", c.name, err)
-		}
-		c.next = m.Sequence + 1
-		c.left--
-		c.got += uint64(len(m.Data))
-		c.buf = m.Data
+		c.buf, c.queue = c.queue[0], c.queue[1:]
+		c.got += uint64(len(c.buf))
 	}
 	n := copy(p, c.buf)
 	c.buf = c.buf[n:]
@@ -384,15 +393,11 @@ func (s *Store) PutManifest(ctx context.Context, m *fstree.Manifest) error {
 }
 
 func (s *Store) putManifest(ctx context.Context, name string, m *fstree.Manifest) error {
-	var buf bytes.Buffer
-	zw, _ := gzip.NewWriterLevel(&buf, gzip.BestSpeed)
-	if err := json.NewEncoder(zw).Encode(m); err != nil {
-		return fmt.Errorf("encode manifest: %w", err)
+	b, err := fstree.EncodeManifest(m)
+	if err != nil {
+		return err
 	}
-	if err := zw.Close(); err != nil {
-		return fmt.Errorf("encode manifest: %w", err)
-	}
-	if _, err := s.manifests.PutBytes(ctx, name, buf.Bytes()); err != nil {
+	if _, err := s.manifests.PutBytes(ctx, name, b); err != nil {
 		return fmt.Errorf("put manifest %s: %w", name, err)
 	}
 	return nil
@@ -433,54 +438,29 @@ func (s *Store) DeleteProgress(ctx context.Context, cluster, group, tree, node s
 // ErrNoManifest means the named manifest does not exist (yet).
 var ErrNoManifest = errors.New("no manifest")
 
-// GetManifest reads a manifest and checks that its digest matches its entries.
+// GetManifest reads a manifest and checks it (fstree.DecodeManifest: size,
+// entries, digest).
 func (s *Store) GetManifest(ctx context.Context, name string) (*fstree.Manifest, error) {
-	r, err := openObject(ctx, s.manifestStream, events.ReplManifestBucket, name)
+	r, err := s.openObject(ctx, s.manifestStream, events.ReplManifestBucket, name)
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return nil, fmt.Errorf("%s: %w", name, ErrNoManifest)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("get manifest %s: %w", name, err)
 	}
-	b, err := io.ReadAll(r)
+	// Compressed, it is a fraction of its decompressed bound.
+	b, err := io.ReadAll(io.LimitReader(r, fstree.MaxManifestBytes+1))
 	if err != nil {
 		return nil, fmt.Errorf("get manifest %s: %w", name, err)
 	}
-	zr, err := gzip.NewReader(bytes.NewReader(b))
+	if len(b) > fstree.MaxManifestBytes {
+		return nil, fmt.Errorf("manifest %s: more than %d bytes", name, fstree.MaxManifestBytes)
+	}
+	m, err := fstree.DecodeManifest(b)
 	if err != nil {
 		return nil, fmt.Errorf("manifest %s: %w", name, err)
 	}
-	var m fstree.Manifest
-	if err := json.NewDecoder(zr).Decode(&m); err != nil {
-		return nil, fmt.Errorf("manifest %s: %w", name, err)
-	}
-	if d := fstree.Digest(m.Entries); d != m.Digest {
-		return nil, fmt.Errorf("manifest %s: digest %s does not match its entries (%s)", name, m.Digest, d)
-	}
-	return &m, nil
-}
-
-// WatchManifests calls fn with the name of every manifest written from now
-// on (and, first, of every existing one) until ctx ends.
-func (s *Store) WatchManifests(ctx context.Context, fn func(name string)) error {
-	w, err := s.manifests.Watch(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return fmt.Errorf("watch manifests: %w", err)
-	}
-	defer w.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil
-		case in, ok := <-w.Updates():
-			if !ok {
-				return errors.New("watch manifests: watcher stopped")
-			}
-			if in != nil {
-				fn(in.Name)
-			}
-		}
-	}
+	return m, nil
 }
 
 // GC deletes contents no manifest references and that are older than

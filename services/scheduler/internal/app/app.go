@@ -42,7 +42,8 @@ type Service struct {
 	// wake re-arms the loop's timer after a reload.
 	wake chan struct{}
 
-	conds *daemon.Conditions
+	conds   *daemon.Conditions
+	metrics *windowMetrics // set by Run
 }
 
 // condPlanUnwritten: the plan could not be written (retried after 1 s,
@@ -56,6 +57,9 @@ func Build(o daemon.Options) (daemon.Service, error) {
 	var cfg Config
 	if err := config.Load(o.ConfigPath, &cfg); err != nil {
 		return nil, err
+	}
+	if err := cfg.CheckFiles(); err != nil {
+		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	s, err := New(cfg, o.Logger, o.Version)
 	if err != nil {
@@ -80,7 +84,12 @@ func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "scheduler", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
 		s.conds = rt.Conditions
 		s.conds.Declare(condPlanUnwritten)
-		return s.loop(ctx, rt.Bus, rt.Outbox)
+		s.metrics = newWindowMetrics(s, rt.Metrics)
+		// One actor, the window loop: it stops at its turn (daemon.Group),
+		// then Serve stores the last permits (the outbox) and closes the bus.
+		g, _ := daemon.NewGroup(ctx)
+		g.Go("windows", func(ctx context.Context) error { return s.loop(ctx, rt.Bus, rt.Outbox) })
+		return g.Wait()
 	})
 }
 
@@ -137,6 +146,7 @@ func (s *Service) publish(ob *bus.Outbox, group string, t *window.Tick) {
 		s.log.Warn("failback permit not published", "group", group, "window", t.Range.Name, "tick", t.Start, "err", err)
 		return
 	}
+	s.metrics.permitted(group)
 	s.log.Debug("failback permit", "group", group, "window", t.Range.Name, "valid_until", t.Range.End, "event_id", id)
 }
 

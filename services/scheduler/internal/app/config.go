@@ -71,9 +71,21 @@ func (c *Config) Validate() error {
 	if c.PlanAhead < 1 || c.PlanAhead > 100 {
 		return config.Errf("plan_ahead", "must be 1..100, got %d", c.PlanAhead)
 	}
+	if err := config.CountIn("groups", len(c.Groups), 0, maxGroups); err != nil {
+		return err
+	}
 	_, err := c.schedules()
 	return err
 }
+
+// Ranges of the scheduler's lists (README "Configuration"). A one-off
+// window is at most events.MaxPermitSpan long: the permit it yields says so.
+const (
+	maxGroups    = 64
+	maxWindows   = 64
+	maxRanges    = 256
+	maxBlackouts = 1024
+)
 
 var dayNames = map[string][]time.Weekday{
 	"sun": {time.Sunday}, "mon": {time.Monday}, "tue": {time.Tuesday}, "wed": {time.Wednesday},
@@ -95,8 +107,18 @@ func (c *Config) schedules() (map[string]window.Schedule, error) {
 			return nil, config.Errf(gk("name"), "duplicate group %q", g.Name)
 		}
 		var sch window.Schedule
+		if err := config.CountIn(gk("windows"), len(g.Windows), 0, maxWindows); err != nil {
+			return nil, err
+		}
 		for wi, w := range g.Windows {
 			wk := func(k string) string { return gk(fmt.Sprintf("windows[%d].%s", wi, k)) }
+			if err := config.First(
+				config.CountIn(wk("weekly"), len(w.Weekly), 0, maxRanges),
+				config.CountIn(wk("once"), len(w.Once), 0, maxRanges),
+				config.CountIn(wk("blackout_dates"), len(w.BlackoutDates), 0, maxBlackouts),
+			); err != nil {
+				return nil, err
+			}
 			if err := events.ValidToken("name", w.Name); err != nil {
 				return nil, &config.FieldError{Key: wk("name"), Err: err}
 			}
@@ -142,6 +164,9 @@ func (c *Config) schedules() (map[string]window.Schedule, error) {
 				}
 				if !to.After(from) {
 					return nil, config.Errf(ok("to"), "must be after from")
+				}
+				if to.Sub(from) > events.MaxPermitSpan {
+					return nil, config.Errf(ok("to"), "a one-off window lasts at most %v, got %v", events.MaxPermitSpan, to.Sub(from))
 				}
 				win.Once = append(win.Once, window.Range{Start: from.In(loc), End: to.In(loc)})
 			}

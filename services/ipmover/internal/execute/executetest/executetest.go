@@ -4,20 +4,16 @@
 package executetest
 
 import (
-	"context"
-	"encoding/json"
 	"math"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/bus"
-	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
@@ -34,10 +30,21 @@ type Subject struct {
 	// NotAllowed returns a command addressed to Node for a group or an
 	// address outside the executor's configuration.
 	NotAllowed func(notAfter time.Time) events.Command
+	// UnknownGroup returns a command addressed to Node for a group the
+	// executor's configuration does not name.
+	UnknownGroup func(notAfter time.Time) events.Command
 	// Start runs the executor on the bus at url, with its state in
 	// stateFile, until stop is called (stop waits for it to end). Start
 	// is called again with the same file to play a restart.
 	Start func(t *testing.T, url, stateFile string) (stop func())
+	// Effect, when set, reports whether the back end shows what Admitted
+	// commands do. The back end must start without it: the suite then
+	// checks it after every applied command, and its absence after every
+	// refusal.
+	Effect func(t *testing.T) bool
+	// Undo, when set with Effect, takes that effect off the back end by
+	// hand, so the suite can see that a duplicate does not act again.
+	Undo func(t *testing.T)
 }
 
 // Run runs the contract suite; newSubject is called once per case.
@@ -49,7 +56,9 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 		{"AppliedOnceAcrossRestart", appliedOnceAcrossRestart},
 		{"OlderTermRefused", olderTermRefused},
 		{"PassedDeadlineRefused", passedDeadlineRefused},
+		{"FarDeadlineRefusedAndNotRecorded", farDeadlineRefused},
 		{"NotAllowedRefusedAndNotRecorded", notAllowedRefused},
+		{"UnknownGroupRefusedAndNotRecorded", unknownGroupRefused},
 		{"ForgedEpochsRefusedAndNotRecorded", forgedEpochsRefused},
 		{"ForgedHugeEpochDoesNotBlockTheLeaseHolder", hugeEpochDoesNotBlock},
 		{"PoisonedStateFileHeals", poisonedStateHeals},
@@ -63,38 +72,18 @@ func Run(t *testing.T, newSubject func(t *testing.T) Subject) {
 }
 
 type env struct {
+	*Arbiter
 	t     *testing.T
 	sub   Subject
-	srv   *server.Server
-	ctl   *bus.Bus
 	state string
 	stop  func()
-
-	mu      sync.Mutex
-	results map[string]events.CommandResult
+	// since is how many events were recorded when a result was last
+	// forgotten: result looks only after it.
+	since int
 }
 
 func newEnv(t *testing.T, sub Subject) *env {
-	srv := bustest.Server(t)
-	e := &env{t: t, sub: sub, srv: srv, state: filepath.Join(t.TempDir(), "state.json"), results: map[string]events.CommandResult{}}
-	e.ctl = bustest.Connect(t, srv, bus.Identity{Cluster: Cluster, Service: "arbiter", Node: "ctl"})
-	ctx, cancel := context.WithCancel(context.Background())
-	watching := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		close(watching)
-		_ = e.ctl.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllCommandResults(Cluster)}, All: true},
-			func(_ events.Envelope, p events.Payload, _ uint64) {
-				if r, ok := p.(*events.CommandResult); ok {
-					e.mu.Lock()
-					e.results[r.CommandID] = *r
-					e.mu.Unlock()
-				}
-			})
-	}()
-	<-watching
-	t.Cleanup(func() { cancel(); <-done })
+	e := &env{Arbiter: NewArbiter(t), t: t, sub: sub, state: filepath.Join(t.TempDir(), "state.json")}
 	e.start()
 	t.Cleanup(func() {
 		if e.stop != nil {
@@ -105,7 +94,7 @@ func newEnv(t *testing.T, sub Subject) *env {
 }
 
 func (e *env) start() {
-	e.stop = sync.OnceFunc(e.sub.Start(e.t, e.srv.ClientURL(), e.state))
+	e.stop = sync.OnceFunc(e.sub.Start(e.t, e.URL(), e.state))
 }
 
 func (e *env) restart() {
@@ -116,21 +105,19 @@ func (e *env) restart() {
 
 // startTerm publishes a lease record starting a term, as the arbiter does
 // when it acquires the lease.
-func (e *env) startTerm() uint64 {
-	e.t.Helper()
-	data, _ := json.Marshal(events.LeaseRecord{Holder: "ctl", At: time.Now()})
-	ack, err := e.ctl.JS.Publish(e.t.Context(), events.LeaseSubject(Cluster, events.ArbiterLease), data)
-	if err != nil {
-		e.t.Fatal(err)
-	}
-	return ack.Sequence
+func (e *env) startTerm() uint64 { return e.StartTerm() }
+
+// forget makes result wait for results recorded from now on.
+func (e *env) forget() {
+	evs, _ := e.Events()
+	e.since = len(evs)
 }
 
 // send publishes cmd under epoch as anyone with access to the command
 // subject could (no lease condition), and returns its envelope and sequence.
 func (e *env) send(epoch uint64, cmd events.Command) (events.Envelope, uint64) {
 	e.t.Helper()
-	env, err := events.New(e.ctl.Source(), Cluster, cmd, events.WithEpoch(1))
+	env, err := events.New(e.Ctl.Source(), Cluster, cmd, events.WithEpoch(1))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -139,7 +126,7 @@ func (e *env) send(epoch uint64, cmd events.Command) (events.Envelope, uint64) {
 	if err != nil {
 		e.t.Fatal(err)
 	}
-	ack, err := e.ctl.JS.Publish(e.t.Context(), events.Subject(env, cmd), data, jetstream.WithMsgID(env.ID))
+	ack, err := e.Ctl.JS.Publish(e.t.Context(), events.Subject(env, cmd), data, jetstream.WithMsgID(env.ID))
 	if err != nil {
 		e.t.Fatal(err)
 	}
@@ -150,11 +137,16 @@ func (e *env) result(env events.Envelope) events.CommandResult {
 	e.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		e.mu.Lock()
-		r, ok := e.results[env.ID]
-		e.mu.Unlock()
-		if ok {
-			return r
+		evs, pays := e.Events()
+		for i := e.since; i < len(evs); i++ {
+			r, ok := pays[i].(*events.CommandResult)
+			if !ok || r.CommandID != env.ID {
+				continue
+			}
+			if evs[i].CausationID != env.ID {
+				e.t.Fatalf("the result of command %s is caused by %q", env.ID, evs[i].CausationID)
+			}
+			return *r
 		}
 		if time.Now().After(deadline) {
 			e.t.Fatalf("no result for command %s", env.ID)
@@ -185,6 +177,18 @@ func (e *env) recorded() uint64 {
 	return st.Snapshot().MaxEpoch
 }
 
+// effect checks the back end against the outcomes so far, when the subject
+// can tell.
+func (e *env) effect(want bool, after string) {
+	e.t.Helper()
+	if e.sub.Effect == nil {
+		return
+	}
+	if got := e.sub.Effect(e.t); got != want {
+		e.t.Fatalf("after %s the back end shows the admitted command's effect: %v, want %v", after, got, want)
+	}
+}
+
 func (e *env) soon() time.Time { return time.Now().Add(30 * time.Second) }
 
 func appliedOnceAcrossRestart(e *env) {
@@ -192,26 +196,37 @@ func appliedOnceAcrossRestart(e *env) {
 	cmd := e.sub.Admitted(e.soon())
 	env, _ := e.send(term, cmd)
 	e.expect(env, events.OutcomeApplied)
+	e.effect(true, "the command")
 	if got := e.recorded(); got != term {
 		e.t.Fatalf("recorded epoch %d, want %d", got, term)
 	}
 	e.restart()
+	undone := e.sub.Undo != nil && e.sub.Effect != nil
+	if undone {
+		e.sub.Undo(e.t)
+		e.effect(false, "undoing it by hand")
+	}
 	// The same command again (the arbiter re-publishing it after the
 	// server forgot the message id): done once, acknowledged.
-	e.mu.Lock()
-	delete(e.results, env.ID)
-	e.mu.Unlock()
+	e.forget()
 	data, _ := env.Encode()
-	if _, err := e.ctl.JS.Publish(e.t.Context(), events.Subject(env, cmd), data); err != nil {
+	if _, err := e.Ctl.JS.Publish(e.t.Context(), events.Subject(env, cmd), data); err != nil {
 		e.t.Fatal(err)
 	}
 	e.expect(env, events.OutcomeDuplicate)
+	if undone {
+		// Without an undo there is nothing to tell: an executor may give
+		// everything up on stop (the IP executor does) and take back only
+		// what the state bucket names, which the suite does not write.
+		e.effect(false, "the duplicate")
+	}
 }
 
 func olderTermRefused(e *env) {
 	older, newer := e.startTerm(), e.startTerm()
 	env, _ := e.send(newer, e.sub.Admitted(e.soon()))
 	e.expect(env, events.OutcomeApplied)
+	e.effect(true, "the newer term's command")
 	env, _ = e.send(older, e.sub.Admitted(e.soon()))
 	e.expect(env, events.OutcomeStaleEpoch)
 	if got := e.recorded(); got != newer {
@@ -223,8 +238,21 @@ func passedDeadlineRefused(e *env) {
 	term := e.startTerm()
 	env, _ := e.send(term, e.sub.Admitted(time.Now().Add(-time.Second)))
 	e.expect(env, events.OutcomeExpired)
+	e.effect(false, "an expired command")
 	if got := e.recorded(); got != 0 {
 		e.t.Fatalf("an expired command recorded epoch %d", got)
+	}
+}
+
+func farDeadlineRefused(e *env) {
+	term := e.startTerm()
+	env, _ := e.send(term, e.sub.Admitted(time.Now().Add(events.MaxCommandReach+time.Hour)))
+	r := e.expect(env, events.OutcomeFailed)
+	if !strings.Contains(r.Error, "ahead") {
+		e.t.Fatalf("a command with a deadline an hour past any arbiter's refused with %q, which does not say why", r.Error)
+	}
+	if got := e.recorded(); got != 0 {
+		e.t.Fatalf("a command with a far deadline recorded epoch %d", got)
 	}
 }
 
@@ -232,8 +260,24 @@ func notAllowedRefused(e *env) {
 	term := e.startTerm()
 	env, _ := e.send(term, e.sub.NotAllowed(e.soon()))
 	e.expect(env, events.OutcomeFailed)
+	e.effect(false, "a command outside the configuration")
 	if got := e.recorded(); got != 0 {
 		e.t.Fatalf("a command outside the configuration recorded epoch %d", got)
+	}
+}
+
+func unknownGroupRefused(e *env) {
+	term := e.startTerm()
+	cmd := e.sub.UnknownGroup(e.soon())
+	group, _ := cmd.Target()
+	env, _ := e.send(term, cmd)
+	r := e.expect(env, events.OutcomeFailed)
+	e.effect(false, "a command for an unknown group")
+	if !strings.Contains(r.Error, group) {
+		e.t.Fatalf("a command for unknown group %s refused with %q, which does not name it", group, r.Error)
+	}
+	if got := e.recorded(); got != 0 {
+		e.t.Fatalf("a command for an unknown group recorded epoch %d", got)
 	}
 }
 
@@ -257,6 +301,7 @@ func forgedEpochsRefused(e *env) {
 		e.t.Logf("%s (epoch %d at seq %d): %s", c.name, env.Epoch, seq, r.Error)
 		last = seq
 	}
+	e.effect(false, "forged epochs")
 	if got := e.recorded(); got != 0 {
 		e.t.Fatalf("forged epochs recorded epoch %d", got)
 	}
@@ -266,9 +311,11 @@ func hugeEpochDoesNotBlock(e *env) {
 	e.startTerm()
 	forged, _ := e.send(math.MaxUint64, e.sub.Admitted(e.soon()))
 	e.expect(forged, events.OutcomeStaleEpoch)
+	e.effect(false, "a forged epoch")
 	term := e.startTerm() // the real lease holder's term
 	env, _ := e.send(term, e.sub.Admitted(e.soon()))
 	e.expect(env, events.OutcomeApplied)
+	e.effect(true, "the lease holder's command")
 	e.restart()
 	env, _ = e.send(term, e.sub.Admitted(e.soon()))
 	e.expect(env, events.OutcomeApplied)
@@ -289,6 +336,7 @@ func poisonedStateHeals(e *env) {
 	term := e.startTerm()
 	env, _ := e.send(term, e.sub.Admitted(e.soon()))
 	e.expect(env, events.OutcomeApplied)
+	e.effect(true, "the command after healing")
 	if got := e.recorded(); got != term {
 		e.t.Fatalf("recorded epoch %d after healing, want %d", got, term)
 	}

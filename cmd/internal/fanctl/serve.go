@@ -1,0 +1,64 @@
+package fanctl
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+
+	"github.com/fanpbx/fan/cmd/internal/statuspage"
+	"github.com/fanpbx/fan/pkg/platform/bus"
+)
+
+// runServe runs the status page until ctx ends. The page reads the bus
+// with the identity fanctl was given (in a secure cluster a viewer's,
+// events.RoleViewer, which may only read) and never writes to it. Unlike
+// the other commands it keeps dialling a bus that is not up yet, as a
+// service does.
+func runServe(ctx context.Context, args []string, cluster string, file statuspage.Config, bcfg bus.Config, version string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "", "the page's address, host:port (serve.listen; default "+statuspage.DefaultListen+")")
+	prefix := fs.String("path-prefix", "", "the path the page is served under, / or /a/b/ (serve.path_prefix; default /)")
+	tokenFile := fs.String("token-file", "", "the file holding the bearer token that logs in (serve.token_file; required)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "fanctl: serve takes no arguments, got %q\n", fs.Args())
+		return errReported
+	}
+	cfg := file
+	for _, o := range []struct{ v, dst *string }{{listen, &cfg.Listen}, {prefix, &cfg.PathPrefix}, {tokenFile, &cfg.TokenFile}} {
+		if *o.v != "" {
+			*o.dst = *o.v
+		}
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
+	srv, err := statuspage.New(cfg, cluster, log)
+	if err != nil {
+		return err
+	}
+	ln, err := srv.Listen()
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	host, _ := os.Hostname()
+	b, err := bus.Connect(ctx, bcfg, bus.Identity{Cluster: cluster, Service: "fanctl-serve", Node: sanitizeToken(host), Version: version}, log)
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	fmt.Fprintf(stdout, "status page on http://%s%s\n", ln.Addr(), cfgPrefix(cfg))
+	return srv.Serve(ctx, ln, b)
+}
+
+func cfgPrefix(c statuspage.Config) string {
+	if c.PathPrefix == "" {
+		return "/"
+	}
+	return c.PathPrefix
+}

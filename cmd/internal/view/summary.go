@@ -1,0 +1,158 @@
+// Package view reads what fan looks like now and why, for the operator's
+// tools: the group status records and each node's latest heartbeat, the
+// arbiter's situation lines, the causal chain of an event, and one-line
+// summaries of events. `fanctl status`, `fanctl explain`, `fanctl events`
+// and the status page (`fanctl serve`) all show what this package computes,
+// so the terminal and the browser never disagree.
+package view
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+)
+
+// Summary renders the gist of a payload in one line.
+func Summary(p events.Payload) string {
+	switch v := p.(type) {
+	case *events.HealthTransition:
+		return fmt.Sprintf("%s %s[%s] %s->%s: %s", v.TargetNode, v.Check, v.Role, v.From, v.To, v.Reason)
+	case *events.ProbeResult:
+		if v.OK {
+			return fmt.Sprintf("%s %s ok %.1fms", v.TargetNode, v.Check, v.DurationMS)
+		}
+		return fmt.Sprintf("%s %s FAIL %s (%s)", v.TargetNode, v.Check, v.Error, v.ErrorClass)
+	case *events.NodeHeartbeat:
+		return fmt.Sprintf("%s seq=%d cpu=%.1f%% mem_avail=%dMiB", v.Node, v.Seq, v.CPUPercent, v.MemAvailableBytes>>20)
+	case *events.ArbiterDecision:
+		var s string
+		switch {
+		case v.Action == events.ActionHold && v.From == "":
+			s = fmt.Sprintf("%s HOLD (no holder): %s", v.Group, v.Reason)
+		case v.Action == events.ActionHold:
+			s = fmt.Sprintf("%s HOLD (holder %s): %s", v.Group, v.From, v.Reason)
+		default:
+			s = fmt.Sprintf("%s %s %s->%s: %s", v.Group, strings.ToUpper(string(v.Action)), OrNone(v.From), OrNone(v.To), v.Reason)
+		}
+		if v.NeedsHuman {
+			s = "NEEDS A HUMAN: " + s
+		}
+		return s
+	case *events.ClaimIP:
+		return fmt.Sprintf("claim %s on %s for %s", strings.Join(v.Addresses, ","), v.Node, v.Group)
+	case *events.ReleaseIP:
+		return fmt.Sprintf("release %s on %s for %s", strings.Join(v.Addresses, ","), v.Node, v.Group)
+	case *events.AnswerPBX:
+		return fmt.Sprintf("answer %s on %s (%s)", v.Group, v.Node, v.Mode)
+	case *events.CommandResult:
+		s := fmt.Sprintf("%s on %s: %s", v.CommandType, v.Node, v.Outcome)
+		if v.Error != "" {
+			s += " (" + v.Error + ")"
+		}
+		for _, st := range v.Steps {
+			s += fmt.Sprintf(" %s=%.1fms", st.Name, st.ElapsedMS)
+		}
+		return s
+	case *events.FailbackPermit:
+		return fmt.Sprintf("%s window %s until %s", v.Group, v.Window, v.ValidUntil.Format(time.RFC3339))
+	case *events.ReplicationStatus:
+		return fmt.Sprintf("%s->%s %s files=%d caught_up=%v", v.Node, v.Peer, v.Tree, v.Files, v.CaughtUp)
+	case *events.ServiceAnnounce:
+		return fmt.Sprintf("%s on %s %s (%s)", v.Service, v.Node, v.State, v.Version)
+	case *events.OperatorAction:
+		return DescribeAction(v)
+	case *events.ArbiterTerm:
+		return fmt.Sprintf("a new term begins from the state it restored (%d bytes)", len(v.State))
+	case *events.PlannedMove:
+		return fmt.Sprintf("%s %s: %s", v.Group, strings.ToUpper(string(v.Stage)), v.Reason)
+	case *events.NodePresence:
+		s := fmt.Sprintf("%s %s", v.Node, strings.ToUpper(string(v.Presence)))
+		if v.SilentMS > 0 {
+			s += fmt.Sprintf(" after %s of silence", (time.Duration(v.SilentMS) * time.Millisecond).Round(time.Second))
+		}
+		return s
+	}
+	return ""
+}
+
+// DescribeAction renders an operator action: what was asked, by whom, why,
+// and what the arbiter answered.
+func DescribeAction(a *events.OperatorAction) string {
+	target := strings.TrimSpace(strings.Join([]string{a.Group, a.Node}, " "))
+	verb := string(a.Verb)
+	switch {
+	case a.Cancel:
+		verb += " --cancel"
+	case a.Drain != "" || a.WithinMS != 0:
+		verb += " (drain " + string(a.Drain)
+		if a.Drain == "" {
+			verb += string(events.DrainWait)
+		}
+		if a.WithinMS != 0 {
+			verb += fmt.Sprintf(" within %v", time.Duration(a.WithinMS)*time.Millisecond)
+		}
+		verb += ")"
+	}
+	s := fmt.Sprintf("%s %s by %s", verb, target, a.Operator)
+	if a.Reason != "" {
+		s += fmt.Sprintf(" (%q)", a.Reason)
+	}
+	if a.Comment != "" {
+		s += fmt.Sprintf(" [comment %q]", a.Comment)
+	}
+	if a.Stage == events.StageRequested {
+		return s + ": requested"
+	}
+	if a.Accepted {
+		return s + ": " + a.Outcome
+	}
+	return s + ": REFUSED: " + a.Outcome
+}
+
+// HumanDuration renders d for people: 4d16h35m, 1h20m, 35m, 12s, 350ms.
+// Past an hour seconds do not matter; under a second milliseconds do.
+func HumanDuration(d time.Duration) string {
+	neg := d < 0
+	if neg {
+		d = -d
+	}
+	if d >= time.Hour {
+		d = d.Round(time.Minute)
+	}
+	var s string
+	switch days, hours, mins := int(d/(24*time.Hour)), int(d/time.Hour)%24, int(d/time.Minute)%60; {
+	case d < time.Second:
+		s = d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		s = d.Round(100 * time.Millisecond).String()
+	case d < time.Hour:
+		s = d.Round(time.Second).String()
+	case days > 0:
+		s = fmt.Sprintf("%dd%dh%dm", days, hours, mins)
+	default:
+		s = fmt.Sprintf("%dh%dm", hours, mins)
+	}
+	if neg {
+		return "-" + s
+	}
+	return s
+}
+
+// Time renders an instant for the status lines: RFC 3339 in the local
+// zone, or "-" for none.
+func Time(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(time.RFC3339)
+}
+
+// OrNone names a node, or says there is none.
+func OrNone(node string) string {
+	if node == "" {
+		return "(none)"
+	}
+	return node
+}

@@ -1,0 +1,127 @@
+package bus
+
+import (
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// serverOrder chooses the server a connection dials: bus.url's servers in
+// the order given, the first of them that has not just failed.
+//
+// nats.go shuffles its server list and, on a lost connection, takes the
+// next server of the shuffle. In the witness topology that puts a PBX
+// host's services on the other PBX host's server half the time, and when
+// that host dies they lose the bus with it (until the dead connection is
+// noticed, three ping intervals): the one prober that must report the
+// dead node unreachable is then silent, and the arbiter, which never
+// replaces a holder only because it fell silent, waits. Listing this
+// host's server first and the witness's second, and dialling in that
+// order, keeps them off the other PBX host's server while either of the
+// two is up.
+type serverOrder struct {
+	prefer    []string // host:port, in bus.url's order
+	failedFor time.Duration
+	retryWait time.Duration
+	now       func() time.Time
+
+	mu     sync.Mutex
+	failed map[string]time.Time // host:port -> last failed dial
+	tried  string               // the dial in flight, "" once connected
+}
+
+// serverFailedFor is how long a server whose dial failed is passed over
+// for one that has not failed.
+const serverFailedFor = 5 * time.Second
+
+func newServerOrder(urls string, retryWait time.Duration) *serverOrder {
+	o := &serverOrder{failedFor: serverFailedFor, retryWait: retryWait, now: time.Now, failed: map[string]time.Time{}}
+	for _, u := range strings.Split(urls, ",") {
+		if h := serverHost(strings.TrimSpace(u)); h != "" {
+			o.prefer = append(o.prefer, h)
+		}
+	}
+	return o
+}
+
+// serverHost is the host:port of a bus.url entry (serverURL; port 4222
+// when left out), as nats.go keeps it in its pool; "" when it does not parse.
+func serverHost(s string) string {
+	u, err := serverURL(s)
+	if err != nil {
+		return ""
+	}
+	if u.Port() == "" {
+		return u.Host + ":4222"
+	}
+	return u.Host
+}
+
+// rank orders a server: its place in bus.url, and servers the cluster
+// advertised (not configured) after every configured one.
+func (o *serverOrder) rank(host string, i int) int {
+	for r, h := range o.prefer {
+		if h == host {
+			return r
+		}
+	}
+	return len(o.prefer) + i
+}
+
+// pick is nats.go's ReconnectToServer callback: it is called before each
+// dial of a reconnect, so being called while a dial was in flight means
+// that dial failed.
+func (o *serverOrder) pick(pool []nats.Server, _ nats.ServerInfo) (*nats.Server, time.Duration) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	now := o.now()
+	if o.tried != "" {
+		o.failed[o.tried] = now
+	}
+	best, oldest := -1, -1
+	for i := range pool {
+		if pool[i].URL == nil {
+			continue
+		}
+		h := pool[i].URL.Host
+		at, ok := o.failed[h]
+		if !ok || now.Sub(at) >= o.failedFor {
+			if best < 0 || o.rank(h, i) < o.rank(pool[best].URL.Host, best) {
+				best = i
+			}
+			continue
+		}
+		if oldest < 0 || at.Before(o.failed[pool[oldest].URL.Host]) {
+			oldest = i
+		}
+	}
+	switch {
+	case best >= 0:
+		o.tried = pool[best].URL.Host
+		return &pool[best], 0
+	case oldest >= 0:
+		// Every server failed a moment ago: the least recent, after the
+		// usual reconnect wait, so that a dead cluster is not dialled in
+		// a tight loop.
+		o.tried = pool[oldest].URL.Host
+		return &pool[oldest], o.retryWait
+	}
+	return nil, 0 // nats.go's own choice
+}
+
+// options make a connection dial in this order. Its reconnect handler must
+// call connected; a first connection made by retrying (RetryOnFailedConnect)
+// ends in the connect handler set here.
+func (o *serverOrder) options() []nats.Option {
+	return []nats.Option{nats.DontRandomize(), nats.ReconnectToServer(o.pick),
+		nats.ConnectHandler(func(*nats.Conn) { o.connected() })}
+}
+
+// connected ends a reconnect: the dial in flight succeeded.
+func (o *serverOrder) connected() {
+	o.mu.Lock()
+	o.tried = ""
+	o.mu.Unlock()
+}

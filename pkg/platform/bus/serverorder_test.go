@@ -1,0 +1,67 @@
+package bus
+
+import (
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+func poolOf(hosts ...string) []nats.Server {
+	out := make([]nats.Server, len(hosts))
+	for i, h := range hosts {
+		out[i] = nats.Server{URL: &url.URL{Scheme: "nats", Host: h}}
+	}
+	return out
+}
+
+// TestServerOrderPick: a reconnect dials bus.url's servers in its order,
+// whatever order nats.go's pool holds them in, passes over one that just
+// failed, and falls back to the least recently failed (after the wait)
+// when all did.
+func TestServerOrderPick(t *testing.T) {
+	now := time.Unix(1000, 0)
+	o := newServerOrder("nats://own:4222, witness ,nats://other:4222", 250*time.Millisecond)
+	o.now = func() time.Time { return now }
+	pool := poolOf("other:4222", "advertised:4222", "witness:4222", "own:4222")
+	step := func(want string, wantDelay time.Duration) {
+		t.Helper()
+		s, d := o.pick(pool, nats.ServerInfo{})
+		if s == nil || s.URL.Host != want || d != wantDelay {
+			got := "<nil>"
+			if s != nil {
+				got = s.URL.Host
+			}
+			t.Fatalf("picked %s after %v, want %s after %v", got, d, want, wantDelay)
+		}
+		now = now.Add(100 * time.Millisecond)
+	}
+	step("own:4222", 0)
+	step("witness:4222", 0) // own's dial failed
+	o.connected()
+	// The witness's connection is lost: own failed a moment ago, the
+	// witness's server has not failed a dial.
+	step("witness:4222", 0)
+	step("other:4222", 0)
+	step("advertised:4222", 0)             // learnt from the cluster: after every configured one
+	step("own:4222", 250*time.Millisecond) // all failed: the least recent, after the wait
+	o.connected()
+	now = now.Add(serverFailedFor)
+	step("own:4222", 0)
+}
+
+// TestServerOrderSingleServer: one server, or none parsed, changes
+// nothing nats.go would do.
+func TestServerOrderSingleServer(t *testing.T) {
+	o := newServerOrder("127.0.0.1:4222", 250*time.Millisecond)
+	pool := poolOf("127.0.0.1:4222")
+	for range 3 {
+		if s, _ := o.pick(pool, nats.ServerInfo{}); s == nil || s.URL.Host != "127.0.0.1:4222" {
+			t.Fatalf("picked %v", s)
+		}
+	}
+	if got := serverHost("tls://user:pw@h.example:7422"); got != "h.example:7422" {
+		t.Fatalf("serverHost = %q", got)
+	}
+}

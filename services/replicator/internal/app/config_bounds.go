@@ -1,0 +1,38 @@
+package app
+
+import (
+	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/config"
+)
+
+// Ranges of the replicator's timing and count keys (README
+// "Configuration"); zero means the default, which lies inside the range.
+// Where a tree may live is checked with the trees themselves.
+const (
+	maxTrees    = 64
+	maxFamilies = 64
+	maxExcludes = 1024
+)
+
+func (c *Config) validateBounds() error {
+	errs := []error{
+		config.DurationOrZero("debounce", c.Debounce.D(), time.Millisecond, 10*time.Second),
+		config.DurationOrZero("scan_interval", c.ScanInterval.D(), time.Second, 24*time.Hour),
+		config.DurationOrZero("gc_interval", c.GCInterval.D(), time.Minute, 7*24*time.Hour),
+		config.DurationOrZero("gc_grace", c.GCGrace.D(), time.Minute, 30*24*time.Hour),
+		config.DurationOrZero("astdb.interval", c.AstDB.Interval.D(), 100*time.Millisecond, time.Hour),
+		config.CountIn("trees", len(c.Trees), 0, maxTrees),
+		config.CountIn("astdb.families", len(c.AstDB.Families), 0, maxFamilies),
+	}
+	if c.Safety.AllowDeletes != nil {
+		errs = append(errs, config.IntIn("safety.allow_deletes", *c.Safety.AllowDeletes, 0, 1_000_000))
+	}
+	for _, t := range c.Trees {
+		errs = append(errs, config.CountIn("trees["+t.Name+"].exclude", len(t.Exclude), 0, maxExcludes))
+	}
+	if c.AstDB.AMI.Address != "" {
+		errs = append(errs, config.HostPort("astdb.ami.address", c.AstDB.AMI.Address, false))
+	}
+	return config.First(errs...)
+}

@@ -1,0 +1,609 @@
+package replicate
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/services/replicator/internal/astdb"
+	"github.com/fanpbx/fan/services/replicator/internal/fstree"
+)
+
+// published is a manifest this node published as source.
+type published struct {
+	m         *fstree.Manifest
+	started   time.Time // pass start
+	published time.Time
+}
+
+type peerState struct {
+	gen      uint64
+	caughtUp bool
+}
+
+const keepRecent = 16
+
+// source is the half of a tree's worker that runs on the holder: it
+// scans the tree (or reads AstDB), uploads what the content store lacks,
+// publishes manifests (and progress manifests during a long upload), and
+// turns targets' confirmations into status reports.
+type source struct {
+	*shared
+
+	changedAt time.Time // oldest change not yet in a published manifest
+	dirty     bool
+	recent    []published // newest last, a few kept to resolve late acks
+	lastGen   uint64
+	peers     map[string]peerState
+	// progressOut: a progress manifest of this node is in the bucket;
+	// progressFiles: how many files the last one listed.
+	progressOut   bool
+	progressFiles int
+}
+
+func newSource(sh *shared) *source { return &source{shared: sh, peers: map[string]peerState{}} }
+
+// noteChange records a change seen at t (a notification).
+func (w *source) noteChange(t time.Time) {
+	if w.changedAt.IsZero() || t.Before(w.changedAt) {
+		w.changedAt = t
+	}
+	w.dirty = true
+}
+
+// start begins a tenure as source: a new epoch always publishes, even an
+// unchanged tree, so every peer confirms against this epoch before any
+// failback.
+func (w *source) start(ctx context.Context) {
+	w.e.m.source.WithLabelValues(w.t.Name).Set(1)
+	w.log.Info("source of the tree", "epoch", w.role.Epoch)
+	w.peers = map[string]peerState{}
+	w.recent = nil
+	w.changedAt, w.dirty = time.Now(), true
+	w.pass(ctx, true)
+}
+
+// stop ends a tenure as source: its peers' lag and caught-up gauges go.
+func (w *source) stop() {
+	w.log.Info("no longer source", "holder", w.role.Holder, "epoch", w.role.Epoch)
+	w.e.m.caughtUp.DeletePartialMatch(map[string]string{"tree": w.t.Name})
+	w.e.m.lag.DeletePartialMatch(map[string]string{"tree": w.t.Name})
+}
+
+// read lists the tree as it is now; snd, when set, is handed every file
+// the scan reads, to send while the scan goes on.
+func (w *source) read(ctx context.Context, snd *sender) ([]fstree.Entry, error) {
+	if w.t.isAstDB() {
+		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		return astdb.Read(actx, w.t.AMI, w.t.Families)
+	}
+	var hashed func(fstree.Entry, []byte)
+	if snd != nil {
+		hashed = snd.add
+	}
+	res, err := w.sc.ScanEach(ctx, hashed)
+	if err != nil {
+		return nil, err
+	}
+	if res.Unsettled > 0 {
+		// Files still being written: publish what was read, look again.
+		w.dirty = true
+		nudgeTime(w.fsCh, time.Now())
+	}
+	return res.Entries, nil
+}
+
+// pass publishes a new manifest when the tree changed (or force). It
+// returns false when it should be retried.
+func (w *source) pass(ctx context.Context, force bool) bool {
+	start := time.Now()
+	epoch := w.role.Epoch
+	changedAt := w.changedAt
+	if changedAt.IsZero() {
+		changedAt = start
+	}
+	w.dirty = false
+	var snd *sender
+	if !w.t.isAstDB() {
+		snd = w.newSender(ctx)
+		defer snd.stop()
+	}
+	entries, err := w.read(ctx, snd)
+	if err != nil {
+		if ctx.Err() != nil {
+			return true
+		}
+		if errors.Is(err, fstree.ErrRootMissing) {
+			w.alarm(ctx, events.AlarmSourceMissing, fmt.Sprintf("source tree %s is missing (unmounted?); nothing published", w.t.Root), 0, 0)
+			w.e.m.passes.WithLabelValues(w.t.Name, "source", "alarm").Inc()
+			return true
+		}
+		w.log.Warn("source read failed", "err", err)
+		w.e.m.passes.WithLabelValues(w.t.Name, "source", "error").Inc()
+		w.dirty = true
+		return false
+	}
+	if fstree.Files(entries) == 0 && len(w.known) > 0 && !w.t.isAstDB() {
+		w.alarm(ctx, events.AlarmSourceEmpty, fmt.Sprintf("source tree %s is empty but held %d files; not published, so no target deletes anything", w.t.Root, len(w.known)), int64(len(w.known)), 0)
+		w.e.m.passes.WithLabelValues(w.t.Name, "source", "alarm").Inc()
+		return true
+	}
+	digest := fstree.Digest(entries)
+	var last *published
+	if n := len(w.recent); n > 0 {
+		last = &w.recent[n-1]
+	}
+	if !force && last != nil && last.m.Digest == digest && last.m.Epoch == epoch {
+		w.changedAt = time.Time{}
+		return true
+	}
+	if w.lastAlarm != "" {
+		w.lastAlarm = ""
+	}
+
+	progress := func() {
+		if err := w.publishProgress(ctx, epoch, entries, start, changedAt); err != nil && ctx.Err() == nil {
+			w.log.Debug("progress manifest not published", "err", err)
+		}
+	}
+	files, bytes, err := w.upload(ctx, entries, progress, snd)
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("upload failed", "err", err)
+			w.e.m.passes.WithLabelValues(w.t.Name, "source", "error").Inc()
+		}
+		w.dirty = true
+		w.changedAt = changedAt
+		return false
+	}
+	if err := w.e.confirmHolder(ctx, epoch); err != nil {
+		if ctx.Err() != nil {
+			return true
+		}
+		if !errors.Is(err, errNotHolder) {
+			// Not known to have lost the role, only unable to tell: keep
+			// the change pending and retry.
+			w.log.Warn("cannot confirm this node still holds; not publishing", "epoch", epoch, "err", err)
+			w.e.m.passes.WithLabelValues(w.t.Name, "source", "unconfirmed").Inc()
+			w.dirty = true
+			w.changedAt = changedAt
+			w.unconfirmed(CondHolderUnconfirmed, err)
+			return false
+		}
+		w.confirmedStatus(CondHolderUnconfirmed)
+		w.log.Warn("not publishing", "err", err)
+		w.e.m.passes.WithLabelValues(w.t.Name, "source", "not_holder").Inc()
+		nudge(w.roleCh)
+		return true
+	}
+	w.confirmedStatus(CondHolderUnconfirmed)
+	gen := max(uint64(time.Now().UnixNano()), w.lastGen+1)
+	m := &fstree.Manifest{
+		Cluster: w.e.cfg.Cluster, Group: w.e.cfg.Group, Tree: w.t.Name, Node: w.e.cfg.Node,
+		Epoch: epoch, Generation: gen, Created: start.UTC(), Changed: changedAt.UTC(), Digest: digest, Entries: entries,
+	}
+	if err := w.e.store.PutManifest(ctx, m); err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("publishing manifest failed", "err", err)
+			w.e.m.passes.WithLabelValues(w.t.Name, "source", "error").Inc()
+		}
+		w.dirty = true
+		w.changedAt = changedAt
+		return false
+	}
+	w.lastGen = gen
+	if w.progressOut {
+		w.progressOut = false
+		if err := w.e.store.DeleteProgress(ctx, w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, w.e.cfg.Node); err != nil {
+			w.log.Debug("progress manifest left behind", "err", err)
+		}
+	}
+	if !w.dirty {
+		w.changedAt = time.Time{}
+	}
+	w.recent = append(w.recent, published{m: m, started: start, published: time.Now()})
+	if len(w.recent) > keepRecent {
+		w.recent = w.recent[len(w.recent)-keepRecent:]
+	}
+	w.e.m.passes.WithLabelValues(w.t.Name, "source", "published").Inc()
+	w.e.m.duration.WithLabelValues(w.t.Name, "source").Observe(time.Since(start).Seconds())
+	w.e.m.files.WithLabelValues(w.t.Name, "source").Add(float64(files))
+	w.e.m.bytes.WithLabelValues(w.t.Name, "source").Add(float64(bytes))
+	w.log.Debug("manifest published", "generation", gen, "epoch", epoch, "entries", len(entries), "uploaded", files, "bytes", bytes,
+		"ms", time.Since(start).Milliseconds())
+	return true
+}
+
+// progressEvery: during an upload longer than this, a progress manifest
+// (what is stored so far) is published this often, so targets fetch while
+// the source still uploads instead of after it.
+const progressEvery = time.Second
+
+// publishProgress publishes, as a progress manifest, the part of entries
+// whose contents are already stored: every directory and symlink, every
+// file whose content is in the bucket, and a voicemail .txt only once every
+// file of its message (same name, other extensions) is in it too. Targets
+// apply it without deleting anything and do not confirm it.
+func (w *source) publishProgress(ctx context.Context, epoch uint64, entries []fstree.Entry, start, changedAt time.Time) error {
+	part := fstree.StoredPart(entries, w.e.store.Has)
+	if fstree.Files(part) == w.progressFiles {
+		return nil // nothing new since the last one
+	}
+	if err := w.e.confirmHolder(ctx, epoch); err != nil {
+		return err
+	}
+	gen := max(uint64(time.Now().UnixNano()), w.lastGen+1)
+	m := &fstree.Manifest{
+		Cluster: w.e.cfg.Cluster, Group: w.e.cfg.Group, Tree: w.t.Name, Node: w.e.cfg.Node,
+		Epoch: epoch, Generation: gen, Created: start.UTC(), Changed: changedAt.UTC(), Digest: fstree.Digest(part), Entries: part,
+	}
+	if err := w.e.store.PutProgress(ctx, m); err != nil {
+		return err
+	}
+	w.lastGen = gen
+	w.progressOut = true
+	w.progressFiles = fstree.Files(part)
+	w.log.Debug("progress manifest published", "generation", gen, "files", w.progressFiles)
+	return nil
+}
+
+// upload stores the content of every file the bucket lacks, calling
+// progress every progressEvery while it runs: first it waits for what snd
+// (when set) still sends of what the scan handed it, then it sends what
+// is left (contents hashed in an earlier pass, or that a target reported
+// missing).
+func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress func(), snd *sender) (int64, int64, error) {
+	w.progressFiles = -1
+	// The first one early, so targets start fetching at once.
+	tick := time.NewTimer(progressEvery / 4)
+	defer tick.Stop()
+	var files, bytes int64
+	if snd != nil {
+		snd.close()
+	wait:
+		for {
+			select {
+			case <-snd.done:
+				break wait
+			case <-tick.C:
+				progress()
+				tick.Reset(progressEvery)
+			}
+		}
+		if snd.err != nil {
+			return snd.files, snd.bytes, snd.err
+		}
+		files, bytes = snd.files, snd.bytes
+	}
+	var todo []fstree.Entry
+	seen := map[string]bool{}
+	for _, e := range entries {
+		if e.Kind == fstree.KindFile && !seen[e.Hash] && !w.e.store.Has(e.Hash) {
+			seen[e.Hash] = true
+			todo = append(todo, e)
+		}
+	}
+	if len(todo) == 0 {
+		return files, bytes, nil
+	}
+	// One look-up for all of them, not one per upload.
+	hashes := make([]string, len(todo))
+	for i, e := range todo {
+		hashes[i] = e.Hash
+	}
+	if err := w.e.store.Lookup(ctx, hashes); err != nil {
+		return files, bytes, err
+	}
+	todo = slices.DeleteFunc(todo, func(e fstree.Entry) bool { return w.e.store.Has(e.Hash) })
+	// Uploads mostly wait on the bus: twice as many as hash.
+	workers := 2 * max(w.e.cfg.Workers, 1)
+	var mu sync.Mutex
+	var firstErr error
+	ch := make(chan fstree.Entry)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for e := range ch {
+				f, err := w.sc.OpenFile(e.Path)
+				var stored bool
+				if err == nil {
+					stored, err = w.e.store.Put(ctx, e.Hash, f)
+					f.Close()
+				}
+				mu.Lock()
+				if err != nil && firstErr == nil {
+					firstErr = fmt.Errorf("upload %s: %w", e.Path, err)
+				}
+				if stored {
+					files++
+					bytes += e.Size
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+feed:
+	for _, e := range todo {
+		for {
+			mu.Lock()
+			failed := firstErr != nil
+			mu.Unlock()
+			if failed || ctx.Err() != nil {
+				break feed
+			}
+			select {
+			case ch <- e:
+				continue feed
+			case <-tick.C:
+				progress()
+				tick.Reset(progressEvery)
+			case <-ctx.Done():
+			}
+		}
+	}
+	close(ch)
+	wg.Wait()
+	if firstErr == nil {
+		firstErr = ctx.Err()
+	}
+	return files, bytes, firstErr
+}
+
+// onAck turns a target's confirmation into a status report.
+func (w *source) onAck(ctx context.Context, am ackMsg) {
+	a := am.a
+	if !w.isSource() || a.Epoch != w.role.Epoch {
+		return
+	}
+	var pub *published
+	for i := range w.recent {
+		if w.recent[i].m.Generation == a.Generation {
+			pub = &w.recent[i]
+		}
+	}
+	if pub == nil || pub.m.Digest != a.Digest {
+		return // a confirmation of a manifest this process did not publish
+	}
+	latest := w.recent[len(w.recent)-1]
+	for _, h := range a.Missing {
+		w.e.store.Forget(h)
+	}
+	if len(a.Missing) > 0 {
+		w.log.Warn("peer lacks contents; sending them again", "peer", a.Node, "missing", len(a.Missing))
+		w.dirty = true
+		nudgeTime(w.fsCh, time.Now())
+	}
+	caught := a.Error == "" && a.Generation == latest.m.Generation && !w.dirty
+	st := events.ReplicationStatus{
+		Node: w.e.cfg.Node, Peer: a.Node, Tree: w.t.Name, Group: w.e.cfg.Group,
+		Files: a.Files, Bytes: a.Bytes, Deleted: a.Deleted, Generation: a.Generation,
+		DurationMS: ms(am.at.Sub(pub.started)),
+		LagMS:      ms(am.at.Sub(pub.m.Changed)),
+		CaughtUp:   caught, Error: a.Error,
+	}
+	w.e.emit(ctx, st, events.WithEpoch(w.role.Epoch), events.CausedBy(am.env))
+	if a.Error == "" {
+		// What a peer confirmed is what this node may later treat as
+		// replicated: a file published but never confirmed stays "local"
+		// and is preserved, not deleted, if this node becomes a target.
+		w.known = fstree.KnownOf(pub.m.Entries)
+		if err := w.saveKnown(); err != nil {
+			w.log.Warn("saving state", "err", err)
+		}
+	}
+	w.peers[a.Node] = peerState{gen: a.Generation, caughtUp: caught}
+	w.updateLag()
+}
+
+func (w *source) updateLag() {
+	if len(w.recent) == 0 {
+		return
+	}
+	latest := w.recent[len(w.recent)-1]
+	for peer, p := range w.peers {
+		up := p.caughtUp && p.gen == latest.m.Generation && !w.dirty
+		lag := 0.0
+		if !up {
+			since := latest.m.Changed
+			if w.dirty && !w.changedAt.IsZero() && w.changedAt.Before(since) {
+				since = w.changedAt
+			}
+			lag = time.Since(since).Seconds()
+		}
+		w.e.m.lag.WithLabelValues(w.t.Name, peer).Set(lag)
+		w.e.m.caughtUp.WithLabelValues(w.t.Name, peer).Set(b2f(up))
+	}
+}
+
+// sender stores contents while the scan still reads the tree: each file
+// the scan hashes is looked up in batches (a few hundred a request) and,
+// when the bucket lacks it, sent by one of its workers. The scan never
+// waits for it (a target can start only once the scan is done and the
+// first progress manifest is out); a file of at most fstree.KeepMax bytes
+// is sent from the bytes the scan read while those held stay under
+// senderHeld, else read again.
+type sender struct {
+	w    *source
+	ctx  context.Context
+	done chan struct{} // closed when every file handed over was dealt with
+
+	mu     sync.Mutex
+	queue  []hashedFile
+	held   int // bytes of content in queue
+	closed bool
+	wake   chan struct{}
+
+	// Set by run before done closes.
+	files, bytes int64
+	err          error
+}
+
+type hashedFile struct {
+	e       fstree.Entry
+	content []byte
+}
+
+const (
+	// senderGroup is the most files looked up at once.
+	senderGroup = 256
+	// senderHeld bounds the file contents waiting to be sent.
+	senderHeld = 32 << 20
+)
+
+func (w *source) newSender(ctx context.Context) *sender {
+	s := &sender{w: w, ctx: ctx, done: make(chan struct{}), wake: make(chan struct{}, 1)}
+	go s.run()
+	return s
+}
+
+// add hands over a file the scan read (fstree.ScanEach's callback).
+func (s *sender) add(e fstree.Entry, content []byte) {
+	s.mu.Lock()
+	if s.held+len(content) > senderHeld {
+		content = nil
+	}
+	s.held += len(content)
+	s.queue = append(s.queue, hashedFile{e: e, content: content})
+	s.mu.Unlock()
+	nudge(s.wake)
+}
+
+// close says no more files come.
+func (s *sender) close() {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	nudge(s.wake)
+}
+
+// stop closes and waits for what was handed over.
+func (s *sender) stop() {
+	s.close()
+	<-s.done
+}
+
+// next takes up to senderGroup files, waiting for one; false once closed
+// and empty.
+func (s *sender) next() ([]hashedFile, bool) {
+	for {
+		s.mu.Lock()
+		if n := min(len(s.queue), senderGroup); n > 0 {
+			group := slices.Clone(s.queue[:n])
+			s.queue = s.queue[n:]
+			s.mu.Unlock()
+			return group, true
+		}
+		closed := s.closed
+		s.mu.Unlock()
+		if closed {
+			return nil, false
+		}
+		<-s.wake
+	}
+}
+
+func (s *sender) fail(err error) {
+	s.mu.Lock()
+	if s.err == nil {
+		s.err = err
+	}
+	s.mu.Unlock()
+}
+
+func (s *sender) failed() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.err != nil
+}
+
+func (s *sender) run() {
+	defer close(s.done)
+	st := s.w.e.store
+	work := make(chan hashedFile)
+	var wg sync.WaitGroup
+	// Uploads mostly wait on the bus: twice as many as hash.
+	for range 2 * max(s.w.e.cfg.Workers, 1) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for f := range work {
+				stored, err := s.put(f)
+				s.mu.Lock()
+				s.held -= len(f.content)
+				if err != nil && s.err == nil {
+					s.err = fmt.Errorf("upload %s: %w", f.e.Path, err)
+				}
+				if stored {
+					s.files++
+					s.bytes += f.e.Size
+				}
+				s.mu.Unlock()
+			}
+		}()
+	}
+	defer func() {
+		close(work)
+		wg.Wait()
+	}()
+	seen := map[string]bool{}
+	for {
+		group, ok := s.next()
+		if !ok {
+			return
+		}
+		if s.failed() || s.ctx.Err() != nil {
+			s.release(group)
+			continue // drain what the scan still hands over
+		}
+		var hashes []string
+		for _, f := range group {
+			if !seen[f.e.Hash] && !st.Has(f.e.Hash) {
+				hashes = append(hashes, f.e.Hash)
+			}
+		}
+		if len(hashes) > 0 {
+			if err := st.Lookup(s.ctx, hashes); err != nil {
+				s.fail(err)
+				s.release(group)
+				continue
+			}
+		}
+		for _, f := range group {
+			if seen[f.e.Hash] || st.Has(f.e.Hash) || s.ctx.Err() != nil {
+				s.release([]hashedFile{f})
+				continue
+			}
+			seen[f.e.Hash] = true
+			work <- f
+		}
+	}
+}
+
+// release forgets files not sent.
+func (s *sender) release(fs []hashedFile) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range fs {
+		s.held -= len(f.content)
+	}
+}
+
+func (s *sender) put(f hashedFile) (bool, error) {
+	if f.content != nil {
+		return s.w.e.store.Put(s.ctx, f.e.Hash, bytes.NewReader(f.content))
+	}
+	r, err := s.w.sc.OpenFile(f.e.Path)
+	if err != nil {
+		return false, err
+	}
+	defer r.Close()
+	return s.w.e.store.Put(s.ctx, f.e.Hash, r)
+}

@@ -1,0 +1,249 @@
+package replicate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/services/replicator/internal/astdb"
+	"github.com/fanpbx/fan/services/replicator/internal/fstree"
+	"github.com/fanpbx/fan/services/replicator/internal/store"
+)
+
+// target is the half of a tree's worker that runs on every node but the
+// holder: it reads the holder's manifest of the current epoch, checks that
+// the holder still holds, validates and applies it (fstree.Apply or AstDB
+// over AMI), applies progress manifests while the holder uploads, and
+// confirms what it applied.
+type target struct {
+	*shared
+
+	appliedGen uint64
+	appliedEp  uint64
+	// progressGen: the holder's last progress manifest applied;
+	// progressDone: what progress manifests wrote since the last
+	// confirmation, which counts it as part of the pass it confirms.
+	progressGen  uint64
+	progressDone fstree.ApplyResult
+}
+
+// namedAs says whether a manifest's header is that of this cluster, group
+// and tree: one read under this tree's name but written for another (a
+// copy into the wrong name) would otherwise be applied here.
+func (w *target) namedAs(m *fstree.Manifest, name string) bool {
+	if m.Cluster == w.e.cfg.Cluster && m.Group == w.e.cfg.Group && m.Tree == w.t.Name {
+		return true
+	}
+	w.log.Warn("manifest refused: written for another tree", "name", name,
+		"cluster", m.Cluster, "group", m.Group, "manifest_tree", m.Tree)
+	return false
+}
+
+// newRole forgets progress manifests: they are per holder and epoch
+// (generations come from the holder's clock).
+func (w *target) newRole() {
+	w.progressDone, w.progressGen = fstree.ApplyResult{}, 0
+}
+
+// apply makes this node's tree match the holder's current manifest and
+// confirms it. force re-applies a generation already applied (a full
+// re-check), confirming again only if it had to change something. It
+// returns false when it should be retried.
+func (w *target) apply(ctx context.Context, force bool) bool {
+	r := w.role
+	name := events.ReplManifestName(w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, r.Holder)
+	m, err := w.e.store.GetManifest(ctx, name)
+	if errors.Is(err, store.ErrNoManifest) {
+		// The holder has not published yet; it may be uploading.
+		w.applyProgress(ctx, 0)
+		return true
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("reading the holder's manifest failed", "err", err)
+		}
+		return false
+	}
+	if !w.namedAs(m, name) {
+		return true // nothing to retry until the holder writes a new one
+	}
+	switch {
+	case m.Node != r.Holder || m.Epoch < r.Epoch:
+		// From the holder's earlier tenure: wait for this epoch's.
+		w.applyProgress(ctx, m.Generation)
+		return true
+	case m.Epoch > r.Epoch:
+		// Our view of the status lags: read it again (setRole wakes us).
+		go func() {
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			_ = w.e.confirmHolder(cctx, 0)
+		}()
+		return true
+	}
+	if !force && m.Generation == w.appliedGen && m.Epoch == w.appliedEp {
+		w.applyProgress(ctx, m.Generation)
+		return true
+	}
+	if err := w.e.confirmTenure(ctx, m.Node, m.Epoch); err != nil {
+		if errors.Is(err, errNotHolder) {
+			w.confirmedStatus(CondSourceUnconfirmed)
+			return true // the direction changed under us: setRole wakes the worker
+		}
+		if ctx.Err() == nil {
+			w.log.Warn("cannot confirm the source still holds; not applying", "source", m.Node, "epoch", m.Epoch, "err", err)
+			w.unconfirmed(CondSourceUnconfirmed, err)
+		}
+		return false
+	}
+	w.confirmedStatus(CondSourceUnconfirmed)
+	start := time.Now()
+	var res fstree.ApplyResult
+	if w.t.isAstDB() {
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		var ar astdb.Result
+		ar, err = astdb.Apply(actx, w.t.AMI, w.t.Families, m.Entries,
+			astdb.Options{MaxDeleteShare: w.e.cfg.MaxDeleteShare, AllowDeletes: w.e.cfg.AllowDeletes})
+		cancel()
+		res.Files, res.Deleted = ar.Put, ar.Deleted
+	} else {
+		res, err = fstree.Apply(ctx, w.sc, m.Entries, w.applyOptions(start, false))
+	}
+	if ctx.Err() != nil {
+		return true
+	}
+	changed := res.Files+res.Deleted+res.MetaFixed+int64(len(res.Conflicts)) > 0
+	w.reportConflicts(ctx, m, res.Conflicts)
+	var valve *fstree.ValveError
+	if errors.As(err, &valve) {
+		w.e.m.valve.WithLabelValues(w.t.Name).Inc()
+		w.alarmFrom(ctx, m.Node, events.AlarmSafetyValve, valve.Error(), int64(valve.Deletes), int64(valve.TargetFiles), fmt.Sprint(m.Generation))
+	}
+	outcome := "applied"
+	if err != nil {
+		outcome = "error"
+		if valve != nil {
+			outcome = "safety_valve"
+		}
+		w.log.Warn("apply failed", "generation", m.Generation, "err", err)
+	}
+	w.e.m.passes.WithLabelValues(w.t.Name, "target", outcome).Inc()
+	if err == nil {
+		w.known = fstree.KnownOf(m.Entries)
+		if serr := w.saveKnown(); serr != nil {
+			w.log.Warn("saving state", "err", serr)
+		}
+		newGen := m.Generation != w.appliedGen || m.Epoch != w.appliedEp
+		w.appliedGen, w.appliedEp = m.Generation, m.Epoch
+		if !newGen && !changed {
+			return true
+		}
+		w.e.m.duration.WithLabelValues(w.t.Name, "target").Observe(time.Since(start).Seconds())
+		w.e.m.files.WithLabelValues(w.t.Name, "target").Add(float64(res.Files))
+		w.e.m.bytes.WithLabelValues(w.t.Name, "target").Add(float64(res.Bytes))
+	}
+	a := events.ReplicationApplied{
+		Node: w.e.cfg.Node, Source: m.Node, Group: w.e.cfg.Group, Tree: w.t.Name, Epoch: m.Epoch,
+		Generation: m.Generation, Digest: m.Digest, Deleted: res.Deleted,
+		Files: res.Files + w.progressDone.Files, Bytes: res.Bytes + w.progressDone.Bytes,
+		Conflicts: int64(len(res.Conflicts)), DurationMS: ms(time.Since(start)), Missing: res.Missing,
+	}
+	if err != nil {
+		a.Error = err.Error()
+		if len(a.Error) > 1024 {
+			a.Error = a.Error[:1024]
+		}
+		if len(a.Missing) > 500 {
+			a.Missing = a.Missing[:500]
+		}
+	}
+	w.e.emit(ctx, a, events.WithEpoch(m.Epoch))
+	w.progressDone = fstree.ApplyResult{}
+	w.log.Debug("applied", "generation", m.Generation, "files", res.Files, "bytes", res.Bytes, "deleted", res.Deleted,
+		"err", err, "ms", time.Since(start).Milliseconds())
+	return err == nil || valve != nil
+}
+
+// applyOptions are the tree's options for an apply started at now.
+func (w *target) applyOptions(now time.Time, partial bool) fstree.ApplyOptions {
+	return fstree.ApplyOptions{
+		Exclude: w.t.Exclude, Fetch: w.e.store.Get, Prefetch: w.e.store.Prefetch, Known: w.known,
+		ConflictDir:    filepath.Join(w.e.cfg.StateDir, "conflicts", w.e.cfg.Group, w.t.Name),
+		MaxDeleteShare: w.e.cfg.MaxDeleteShare, AllowDeletes: w.e.cfg.AllowDeletes,
+		Owner: w.e.cfg.Owner, Workers: w.e.cfg.Workers, Now: now, Partial: partial,
+		AllowOutsideSymlinks: w.t.Policy.AllowOutsideSymlinks,
+		PreserveOwner:        w.t.Policy.PreserveOwner,
+		PreserveSpecialBits:  w.t.Policy.PreserveSpecialBits,
+	}
+}
+
+func (w *target) reportConflicts(ctx context.Context, m *fstree.Manifest, cs []fstree.Conflict) {
+	if len(cs) == 0 {
+		return
+	}
+	w.e.m.conflicts.WithLabelValues(w.t.Name).Add(float64(len(cs)))
+	c := events.ReplicationConflict{Node: w.e.cfg.Node, Source: m.Node, Group: w.e.cfg.Group, Tree: w.t.Name, Count: int64(len(cs))}
+	for _, cf := range cs[:min(len(cs), events.MaxConflictsListed)] {
+		c.Files = append(c.Files, events.ConflictFile{Path: cf.Path, Reason: cf.Reason, PreservedAs: cf.PreservedAs})
+	}
+	w.log.Warn("local changes preserved before replication replaced them", "count", c.Count)
+	w.e.emit(ctx, c, events.WithEpoch(m.Epoch))
+}
+
+// applyProgress applies the holder's progress manifest of the current
+// epoch if it is newer than floor (the generation of the holder's full
+// manifest: a progress manifest left from an earlier pass is older than
+// it and never applied). Nothing is deleted and nothing is confirmed: only
+// the full manifest earns a confirmation.
+func (w *target) applyProgress(ctx context.Context, floor uint64) {
+	if w.t.isAstDB() {
+		return
+	}
+	r := w.role
+	p, err := w.e.store.GetManifest(ctx, store.ProgressName(w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, r.Holder))
+	if err != nil {
+		if !errors.Is(err, store.ErrNoManifest) && ctx.Err() == nil {
+			w.log.Debug("reading the holder's progress manifest failed", "err", err)
+		}
+		return
+	}
+	if !w.namedAs(p, "progress of "+r.Holder) || p.Node != r.Holder || p.Epoch != r.Epoch || p.Generation <= floor || p.Generation <= w.progressGen {
+		return
+	}
+	w.progressGen = p.Generation
+	start := time.Now()
+	res, err := fstree.Apply(ctx, w.sc, p.Entries, w.applyOptions(start, true))
+	if ctx.Err() != nil {
+		return
+	}
+	w.reportConflicts(ctx, p, res.Conflicts)
+	outcome := "progress"
+	if err != nil {
+		outcome = "progress_error"
+	}
+	w.e.m.passes.WithLabelValues(w.t.Name, "target", outcome).Inc()
+	w.e.m.files.WithLabelValues(w.t.Name, "target").Add(float64(res.Files))
+	w.e.m.bytes.WithLabelValues(w.t.Name, "target").Add(float64(res.Bytes))
+	w.progressDone.Files += res.Files
+	w.progressDone.Bytes += res.Bytes
+	if err == nil {
+		// What replication put here is replication's, not a local change.
+		if w.known == nil {
+			w.known = map[string]string{}
+		}
+		for _, e := range p.Entries {
+			if e.Kind != fstree.KindDir {
+				w.known[e.Path] = fstree.ContentKey(e)
+			}
+		}
+	}
+	if errors.Is(err, fstree.ErrUnsafeManifest) || errors.Is(err, fstree.ErrOutsideTree) {
+		// Never seen from a healthy holder: say so louder than a retry.
+		w.log.Warn("progress manifest refused", "source", p.Node, "generation", p.Generation, "err", err)
+	}
+	w.log.Debug("progress applied", "generation", p.Generation, "files", res.Files, "bytes", res.Bytes,
+		"err", err, "ms", time.Since(start).Milliseconds())
+}
