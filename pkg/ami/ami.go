@@ -1,15 +1,19 @@
-// Package ami is fan's client for the Asterisk Manager Interface, built on
-// github.com/staskobzar/goami2 with the workarounds its traps need (written
-// down in docs/asterisk22.md):
+// Package ami is fan's client for the Asterisk Manager Interface. It reads
+// the wire itself (docs/asterisk22.md says what Asterisk 22 sends and what a
+// client must not do with it):
 //
-//   - Login has its own deadline (LoginTimeout, default 3 s) instead of
-//     goami2's fixed 1 s, so a wrong password (which Asterisk answers only
-//     after sleeping 1 s) comes back as ErrAuth, never as a timeout.
-//   - One goroutine per connection drains goami2's message and error
-//     channels without ever blocking, so goami2's 12-slot buffer and 10 ms
-//     give-up never drop a reply; responses go to their caller by ActionID,
+//   - Login has its own deadline (LoginTimeout, default 3 s), so a wrong
+//     password (which Asterisk answers only after sleeping 1 s) comes back
+//     as ErrAuth, never as a timeout.
+//   - The login and the reader after it share one buffer, so an event that
+//     arrives in the login answer's segment (FullyBooted) is kept.
+//   - One goroutine per connection reads and hands each message over
+//     without ever waiting: responses go to their caller by ActionID,
 //     unsolicited events to a bounded channel that drops (and counts) when
-//     nobody reads it. Login says "Events: off" unless asked otherwise.
+//     nobody reads it. Nothing read is dropped because the scheduler ran
+//     the reader late. Login says "Events: off" unless asked otherwise.
+//   - Lines, messages and header counts are bounded, so a hostile listener
+//     on the AMI port cannot make the client buffer without end.
 //   - Every action is bounded by its context: a deadlocked Asterisk that
 //     accepted TCP and answers nothing gives ErrTimeout, never a hang. Dials
 //     use TCP keepalive so a vanished host is noticed too.

@@ -15,19 +15,11 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
-
-	"github.com/staskobzar/goami2"
 )
 
 // defaultWriteTimeout bounds a write when the action's context has no
 // deadline, so a peer that stopped reading cannot hold the write lock forever.
 const defaultWriteTimeout = 3 * time.Second
-
-// eofGrace is how long the reader keeps draining after the connection
-// stopped being readable, waiting for goami2's own end-of-stream error;
-// goami2 drops that error when its channel is busy for 10 ms, so the reader
-// must not wait for it forever.
-const eofGrace = 100 * time.Millisecond
 
 // errUnsent marks an action that was never written, so Session may retry it
 // on a fresh connection without sending it twice.
@@ -38,17 +30,15 @@ var errUnsent = errors.New("action not sent")
 // A Client does not reconnect: once Done is closed, every action fails with
 // ErrClosed (use Session for a connection that comes back).
 type Client struct {
-	cfg  Config
-	log  *slog.Logger
-	raw  net.Conn
-	conn *amiConn
-	gc   *goami2.Client
+	cfg Config
+	log *slog.Logger
+	raw net.Conn
 
 	idPrefix string
 	seq      atomic.Uint64
 
-	wmu      sync.Mutex // one write at a time; also guards gc against Close
-	gcClosed bool
+	wmu    sync.Mutex // one write at a time
+	closed bool       // under wmu: Close was called
 
 	mu      sync.Mutex
 	waiters map[string]*waiter
@@ -64,9 +54,9 @@ type Client struct {
 
 type waiter struct {
 	ch       chan struct{} // closed when resp/err are final
-	resp     *goami2.Message
+	resp     *message
 	list     []Event
-	complete *goami2.Message
+	complete *message
 	err      error
 }
 
@@ -82,34 +72,33 @@ func Dial(ctx context.Context, cfg Config, logger *slog.Logger) (*Client, error)
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
+	if strings.ContainsAny(cfg.Username, "\r\n") || strings.ContainsAny(cfg.Secret, "\r\n") {
+		return nil, fmt.Errorf("ami: login to %s: the username or secret holds a line break", cfg.Addr)
+	}
 	d := net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: cfg.KeepAlive}
 	raw, err := d.DialContext(ctx, "tcp", cfg.Addr)
 	if err != nil {
 		return nil, dialError(ctx, cfg.Addr, err)
 	}
-	conn := newAMIConn(raw, cfg.Events)
+	// The login has a deadline of its own (Asterisk answers a wrong secret
+	// only after 1 s, so it must be longer than that) and watches ctx.
 	deadline := time.Now().Add(cfg.LoginTimeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
 		deadline = dl
 	}
 	_ = raw.SetDeadline(deadline)
-	// goami2's login does not watch a context; a cancel must cut its reads.
 	stop := context.AfterFunc(ctx, func() { _ = raw.SetDeadline(time.Unix(1, 0)) })
-	// The context given to goami2 is never cancelled: its reader goroutine
-	// would then exit while the goroutine under it blocks forever on an
-	// unbuffered send. Closing the connection is what stops both.
-	gc, err := goami2.NewClientWithContext(context.Background(), conn, cfg.Username, cfg.Secret)
+	wr := newWireReader(raw)
+	early, err := login(raw, wr, cfg)
 	cancelled := !stop()
+	if err == nil && cancelled {
+		err = ctxError(ctx, "login to "+cfg.Addr)
+	}
 	if err != nil {
 		_ = raw.Close()
-		return nil, loginError(ctx, cfg, conn, err)
+		return nil, loginError(ctx, cfg, err)
 	}
-	if cancelled {
-		_ = raw.Close()
-		gc.Close()
-		return nil, ctxError(ctx, "login to "+cfg.Addr)
-	}
-	_ = raw.SetWriteDeadline(time.Time{})
+	_ = raw.SetDeadline(time.Time{})
 
 	var id [4]byte
 	_, _ = rand.Read(id[:])
@@ -117,18 +106,51 @@ func Dial(ctx context.Context, cfg Config, logger *slog.Logger) (*Client, error)
 		cfg:      cfg,
 		log:      logger.With("ami", cfg.Addr),
 		raw:      raw,
-		conn:     conn,
-		gc:       gc,
 		idPrefix: "fan-" + hex.EncodeToString(id[:]),
 		waiters:  map[string]*waiter{},
 		events:   make(chan Event, cfg.EventBuffer),
 		done:     make(chan struct{}),
 	}
-	// Taken once, here: goami2's Close sets these fields to nil.
-	msgs, errs := gc.AllMessages(), gc.Err()
-	go c.read(msgs, errs)
+	for _, m := range early {
+		c.dispatch(m)
+	}
+	go c.read(wr)
 	c.log.Debug("ami logged in", "user", cfg.Username)
 	return c, nil
+}
+
+// login reads the banner, sends Login ("Events: off" unless events are
+// wanted) and reads its answer. Events that came before the answer are
+// returned for the reader to deliver.
+func login(raw net.Conn, wr *wireReader, cfg Config) ([]*message, error) {
+	if _, err := wr.banner(); err != nil {
+		return nil, err
+	}
+	fields := []Field{F("Username", cfg.Username), F("Secret", cfg.Secret)}
+	if !cfg.Events {
+		fields = append(fields, F("Events", "off"))
+	}
+	if _, err := raw.Write(encodeAction("Login", "", fields)); err != nil {
+		return nil, err
+	}
+	var early []*message
+	for {
+		m, err := wr.next()
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case m.isEvent() && len(early) < cfg.EventBuffer:
+			early = append(early, m)
+		case m.isEvent():
+		case m.isSuccess():
+			return early, nil
+		case strings.EqualFold(m.get("Response"), "Error"):
+			return nil, fmt.Errorf("%w: %s", ErrAuth, m.get("Message"))
+		default:
+			return nil, fmt.Errorf("%w: login answered %q", ErrProtocol, truncate([]byte(m.String()), 120))
+		}
+	}
 }
 
 func dialError(ctx context.Context, addr string, err error) error {
@@ -144,77 +166,44 @@ func dialError(ctx context.Context, addr string, err error) error {
 	return fmt.Errorf("ami: dial %s: %w", addr, err)
 }
 
-// loginError classifies a failed goami2 login from what the connection saw,
-// because goami2 formats the underlying error into text.
-func loginError(ctx context.Context, cfg Config, conn *amiConn, gerr error) error {
-	resp, readErr := conn.loginState()
+// loginError says why the login failed in this package's terms.
+func loginError(ctx context.Context, cfg Config, err error) error {
 	var ne net.Error
-	if len(resp) > 0 {
-		if m, err := goami2.Parse(string(resp)); err == nil && !m.IsSuccess() {
-			return fmt.Errorf("ami: login to %s as %q: %w: %s", cfg.Addr, cfg.Username, ErrAuth, m.Field("Message"))
-		}
-	}
 	switch {
+	case errors.Is(err, ErrAuth):
+		return fmt.Errorf("ami: login to %s as %q: %w", cfg.Addr, cfg.Username, err)
 	case ctx.Err() != nil:
 		return ctxError(ctx, "login to "+cfg.Addr)
-	case errors.As(readErr, &ne) && ne.Timeout():
+	case errors.As(err, &ne) && ne.Timeout():
 		return fmt.Errorf("ami: login to %s: %w: no answer within %v", cfg.Addr, ErrTimeout, cfg.LoginTimeout)
-	case errors.Is(readErr, io.EOF), errors.Is(readErr, syscall.ECONNRESET):
+	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
 		return fmt.Errorf("ami: login to %s: %w by the peer", cfg.Addr, ErrClosed)
+	case errors.Is(err, ErrProtocol):
+		return fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
+	case errors.Is(err, errMalformed):
+		return fmt.Errorf("ami: login to %s: %w: %w", cfg.Addr, ErrProtocol, err)
 	}
-	return fmt.Errorf("ami: login to %s: %w: %w", cfg.Addr, ErrProtocol, gerr)
+	return fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
 }
 
-// read is the one goroutine that drains goami2. It never blocks on a
-// consumer: goami2 drops whatever it cannot hand over within 10 ms.
-func (c *Client) read(msgs <-chan *goami2.Message, errs <-chan error) {
-	var (
-		dead  = c.conn.dead
-		grace <-chan time.Time
-		cause error
-	)
-loop:
+// read is the one goroutine that reads the connection after login. It
+// never waits for a consumer (answers go to their waiter, events to a
+// channel that drops when full), so nothing it has read is lost however
+// late the scheduler runs it.
+func (c *Client) read(wr *wireReader) {
+	var cause error
 	for {
-		select {
-		case m, ok := <-msgs:
-			if !ok {
-				break loop
-			}
-			c.dispatch(m)
-		case err, ok := <-errs:
-			if !ok {
-				break loop
-			}
-			if errors.Is(err, goami2.ErrEOF) {
-				cause = err
-				break loop
-			}
-			// A message goami2 could not parse; its ActionID is lost with
-			// it, so its caller will time out.
+		m, err := wr.next()
+		if errors.Is(err, errMalformed) {
+			// Its ActionID is lost with it, so its caller will time out.
 			c.log.Warn("ami unparsable message dropped", "err", err)
-		case <-dead:
-			dead, grace = nil, time.After(eofGrace)
-		case <-grace:
-			break loop
+			continue
 		}
-	}
-	// goami2 hands over every message before the error that follows it, but
-	// the select above may have picked the error first: deliver what is
-	// buffered (a Goodbye, a last answer) before failing the waiters.
-	for drained := false; !drained; {
-		select {
-		case m, ok := <-msgs:
-			if ok {
-				c.dispatch(m)
-			} else {
-				drained = true
-			}
-		default:
-			drained = true
+		if err != nil {
+			cause = err
+			break
 		}
-	}
-	if err := c.conn.err(); err != nil {
-		cause = err
+		c.dispatch(m)
 	}
 	c.end(cause)
 	_ = c.raw.Close()
@@ -222,20 +211,20 @@ loop:
 	close(c.done)
 }
 
-func (c *Client) dispatch(m *goami2.Message) {
-	if id := m.ActionID(); id != "" {
+func (c *Client) dispatch(m *message) {
+	if id := m.actionID(); id != "" {
 		c.mu.Lock()
 		w := c.waiters[id]
 		switch {
 		case w == nil:
-		case w.resp == nil && !m.IsEvent():
+		case w.resp == nil && !m.isEvent():
 			w.resp = m
 			if !isListStart(m) {
 				c.finishLocked(id, w, nil)
 			}
 			c.mu.Unlock()
 			return
-		case w.resp != nil && m.IsEvent():
+		case w.resp != nil && m.isEvent():
 			if isListComplete(m) {
 				w.complete = m
 				c.finishLocked(id, w, nil)
@@ -246,13 +235,13 @@ func (c *Client) dispatch(m *goami2.Message) {
 			return
 		}
 		c.mu.Unlock()
-		if !m.IsEvent() {
+		if !m.isEvent() {
 			c.log.Debug("ami late or unknown response dropped", "action_id", id)
 			return
 		}
 	}
-	if !m.IsEvent() {
-		c.log.Debug("ami response without ActionID dropped", "response", m.Field("Response"))
+	if !m.isEvent() {
+		c.log.Debug("ami response without ActionID dropped", "response", m.get("Response"))
 		return
 	}
 	select {
@@ -335,23 +324,6 @@ func (c *Client) Action(ctx context.Context, name string, fields ...Field) (Resp
 	}
 }
 
-// encodeAction writes an action the way goami2's Message.Byte does ("Name:
-// value" lines, Action then ActionID then fields, a blank line after), in one
-// allocation: goami2's NewAction reserves 32 headers (1 KiB) per action.
-func encodeAction(name, id string, fields []Field) []byte {
-	n := len("Action: \r\nActionID: \r\n\r\n") + len(name) + len(id)
-	for _, f := range fields {
-		n += len(f.Name) + len(f.Value) + 4
-	}
-	b := make([]byte, 0, n)
-	b = append(append(append(b, "Action: "...), name...), "\r\n"...)
-	b = append(append(append(b, "ActionID: "...), id...), "\r\n"...)
-	for _, f := range fields {
-		b = append(append(append(append(b, f.Name...), ": "...), f.Value...), "\r\n"...)
-	}
-	return append(b, "\r\n"...)
-}
-
 // forget drops a waiter whose caller gave up; a late response is discarded.
 func (c *Client) forget(id string) {
 	c.mu.Lock()
@@ -362,7 +334,7 @@ func (c *Client) forget(id string) {
 func (c *Client) send(ctx context.Context, b []byte) error {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
-	if c.gcClosed {
+	if c.closed {
 		return errors.Join(ErrClosed, errUnsent)
 	}
 	dl, ok := ctx.Deadline()
@@ -370,7 +342,7 @@ func (c *Client) send(ctx context.Context, b []byte) error {
 		dl = time.Now().Add(defaultWriteTimeout)
 	}
 	_ = c.raw.SetWriteDeadline(dl)
-	if err := c.gc.MustSend(b); err != nil {
+	if _, err := c.raw.Write(b); err != nil {
 		return fmt.Errorf("%w: %w", ErrClosed, err)
 	}
 	return nil
@@ -418,11 +390,11 @@ func (c *Client) Err() error {
 // a health checker's session is not worth a round trip to a sick PBX.
 func (c *Client) Close() error {
 	c.closeOnce.Do(func() {
+		// Closing first also ends a write stuck on a peer that stopped reading.
 		_ = c.raw.Close()
 		<-c.done
 		c.wmu.Lock()
-		c.gc.Close()
-		c.gcClosed = true
+		c.closed = true
 		c.wmu.Unlock()
 	})
 	return nil

@@ -7,10 +7,7 @@ require (
 	github.com/fanpbx/fan/pkg/events v0.0.0
 )
 
-require (
-	github.com/google/uuid v1.6.0 // indirect
-	github.com/staskobzar/goami2 v1.7.6
-)
+require github.com/google/uuid v1.6.0 // indirect
 
 replace (
 	github.com/fanpbx/fan/lab => ../../lab

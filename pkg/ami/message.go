@@ -1,11 +1,5 @@
 package ami
 
-import (
-	"strings"
-
-	"github.com/staskobzar/goami2"
-)
-
 // Field is one header of an action or a message.
 type Field struct {
 	Name  string
@@ -15,37 +9,32 @@ type Field struct {
 // F is shorthand for Field{name, value}.
 func F(name, value string) Field { return Field{Name: name, Value: value} }
 
-func fieldsOf(m *goami2.Message) []Field {
+func fieldsOf(m *message) []Field {
 	if m == nil {
 		return nil
 	}
-	hs := m.Headers()
-	out := make([]Field, len(hs))
-	for i, h := range hs {
-		out[i] = Field{Name: h.Name, Value: h.Value}
-	}
-	return out
+	return append([]Field(nil), m.fields...)
 }
 
 // Response is the answer to one action. For a list action (DBGetTree,
 // DBGet, …, answered with "EventList: start") it also holds the list's
 // events, collected up to the Complete event.
 type Response struct {
-	msg      *goami2.Message
+	msg      *message
 	events   []Event
-	complete *goami2.Message
+	complete *message
 }
 
 // Success reports "Response: Success". Note that a Command answered with
 // Error still says "Message: Command output follows".
-func (r Response) Success() bool { return r.msg != nil && r.msg.IsSuccess() }
+func (r Response) Success() bool { return r.msg != nil && r.msg.isSuccess() }
 
 // Field returns the first value of a header (case-insensitive), or "".
 func (r Response) Field(name string) string {
 	if r.msg == nil {
 		return ""
 	}
-	return r.msg.Field(name)
+	return r.msg.get(name)
 }
 
 // Fields returns every header in order.
@@ -59,7 +48,7 @@ func (r Response) Outputs() []string {
 	if r.msg == nil {
 		return nil
 	}
-	return r.msg.FieldValues("Output")
+	return r.msg.values("Output")
 }
 
 // Events are the items of a list response, without its Complete event.
@@ -84,7 +73,7 @@ func (r Response) String() string {
 
 // Event is an AMI event: an unsolicited one from Client.Events, or an item
 // of a list response.
-type Event struct{ msg *goami2.Message }
+type Event struct{ msg *message }
 
 // Name is the Event header.
 func (e Event) Name() string { return e.Field("Event") }
@@ -94,7 +83,7 @@ func (e Event) Field(name string) string {
 	if e.msg == nil {
 		return ""
 	}
-	return e.msg.Field(name)
+	return e.msg.get(name)
 }
 
 // Fields returns every header in order.
@@ -106,12 +95,4 @@ func (e Event) String() string {
 		return ""
 	}
 	return e.msg.String()
-}
-
-func isListStart(m *goami2.Message) bool {
-	return m.IsSuccess() && strings.EqualFold(m.Field("EventList"), "start")
-}
-
-func isListComplete(m *goami2.Message) bool {
-	return strings.EqualFold(m.Field("EventList"), "Complete")
 }

@@ -223,7 +223,7 @@ func TestWrongPasswordIsAnAuthFailureNotATimeout(t *testing.T) {
 	}
 }
 
-// goami2 has no reconnect: the check logs in again by itself after the PBX
+// A client connection does not come back by itself: the check logs in again after the PBX
 // drops the session (an Asterisk restart), without a down transition when
 // the new login is quick, and reports a refused port as refused.
 func TestAMIReconnectsAfterDrop(t *testing.T) {

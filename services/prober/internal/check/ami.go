@@ -32,10 +32,10 @@ const coreStatusEvery = 10 * time.Second
 // The login runs in the background with its own deadline (LoginTimeout,
 // above Asterisk's one-second wait before "Authentication failed"), never
 // under a probe's deadline: with a 150 ms probe, a login bounded by the probe
-// would turn every wrong password into a timeout (goami2's own trap, one
-// level up). While the first login after a (re)connect is in flight a run has
-// no verdict; once a login has failed, runs report that failure (auth,
-// refused, timeout) until a login succeeds.
+// would turn every wrong password into a timeout. While the first login
+// after a (re)connect is in flight a run has no verdict; once a login has
+// failed, runs report that failure (auth, refused, timeout) until a login
+// succeeds.
 type AMI struct {
 	cfg ami.Config
 	log *slog.Logger
