@@ -387,7 +387,35 @@ func (s *Stack) SetCalls(ctx context.Context, node string, channels, calls int) 
 }
 
 func (s *Stack) start(host, name string, args ...string) error {
-	return s.run(host, name, append([]string{filepath.Join(s.opts.BinDir, name)}, args...))
+	argv := append([]string{filepath.Join(s.opts.BinDir, name)}, args...)
+	if err := s.checkConfig(host, name, argv); err != nil {
+		return err
+	}
+	return s.run(host, name, argv)
+}
+
+// checkConfig runs a fan service's -check-config in its host's namespace
+// before the service starts, as its unit's ExecStartPre does: a service
+// that would refuse its configuration fails the lab's start instead of
+// exiting unnoticed while the test runs without it.
+func (s *Stack) checkConfig(host, name string, argv []string) error {
+	switch name {
+	case "fan-prober", "fan-ipmover", "fan-replicator", "fan-arbiter", "fan-scheduler":
+	default:
+		return nil
+	}
+	if !slices.Contains(argv, "-config") {
+		return nil
+	}
+	h, err := s.Lab.Host(host)
+	if err != nil {
+		return err
+	}
+	cmd := exec.Command("ip", append([]string{"netns", "exec", h.NS}, append(slices.Clone(argv), "-check-config")...)...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s on %s refuses its configuration: %w: %s", name, host, err, bytes.TrimSpace(out))
+	}
+	return nil
 }
 
 // run starts argv as the process name on host and remembers how (Restart).

@@ -242,6 +242,11 @@ func (c Cluster) identities() []identity {
 	for _, h := range c.Nodes {
 		for _, r := range h.Services {
 			out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: r, Name: h.Name}, Dir: h.Name})
+			// A standby replica on a PBX host runs the steward whenever it
+			// holds the lease, meta leader step-downs included.
+			if r == events.RoleArbiter {
+				out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: r, Name: h.Name}, Dir: h.Name, System: true})
+			}
 		}
 	}
 	for _, h := range c.Control {

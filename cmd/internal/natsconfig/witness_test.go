@@ -104,3 +104,70 @@ func TestWitnessShapeRefusesUnknownNames(t *testing.T) {
 		}
 	}
 }
+
+// Every file a generated bus section names is in the bundle it ships in,
+// for every identity of the witness shape: -check-config refuses a service
+// whose credential is missing, so a gap here keeps that service from
+// starting (it did for the standby arbiters' system-account seed).
+func TestWitnessShapeBundlesHoldEveryFileTheyName(t *testing.T) {
+	c := witnessCluster()
+	c.Operators, c.Auditors, c.Viewers = []string{"alice"}, []string{"carol"}, []string{"noc"}
+	c.defaults()
+	if err := c.validate(); err != nil {
+		t.Fatal(err)
+	}
+	out := t.TempDir()
+	if _, err := Generate(c, Options{Out: out}); err != nil {
+		t.Fatal(err)
+	}
+	// Paths in a bundle are where it is installed: fan_dir on fan's hosts.
+	pathKeys := map[string]bool{"nkey_seed": true, "creds": true, "ca": true, "cert": true, "key": true}
+	var walk func(file string, node *yaml.Node, bundle string) int
+	walk = func(file string, node *yaml.Node, bundle string) int {
+		named := 0
+		for i := 0; i+1 < len(node.Content); i++ {
+			k, v := node.Content[i], node.Content[i+1]
+			if node.Kind == yaml.MappingNode && i%2 == 0 && pathKeys[k.Value] && v.Kind == yaml.ScalarNode {
+				rel, ok := strings.CutPrefix(v.Value, c.FanDir+"/")
+				if !ok {
+					t.Errorf("%s: %s %q is not under %s", file, k.Value, v.Value, c.FanDir)
+					continue
+				}
+				if _, err := os.Stat(filepath.Join(bundle, rel)); err != nil {
+					t.Errorf("%s names %s %q, which its bundle lacks", file, k.Value, v.Value)
+				}
+				named++
+			}
+		}
+		for _, ch := range node.Content {
+			named += walk(file, ch, bundle)
+		}
+		return named
+	}
+	checked := 0
+	for _, host := range []string{"n1", "n2", "ctl", "alice", "carol", "noc", "admin"} {
+		files, err := filepath.Glob(filepath.Join(Bundle(out, host), "*.yaml"))
+		if err != nil || len(files) == 0 {
+			t.Fatalf("bundle %s: no configuration files (%v)", host, err)
+		}
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var doc yaml.Node
+			if err := yaml.Unmarshal(b, &doc); err != nil {
+				t.Fatalf("%s: %v", f, err)
+			}
+			if walk(f, &doc, Bundle(out, host)) == 0 {
+				t.Errorf("%s names no credential at all", f)
+			}
+			checked++
+		}
+	}
+	// Each PBX host: prober, ipmover, replicator, arbiter; the witness:
+	// arbiter, scheduler; a fanctl.yaml per person and the admin.
+	if checked != 4+4+2+4 {
+		t.Errorf("checked %d configuration files, want 14", checked)
+	}
+}

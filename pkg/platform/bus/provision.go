@@ -248,7 +248,30 @@ func (b *Bus) StateKV(ctx context.Context) (jetstream.KeyValue, error) {
 	return kv, nil
 }
 
-// retry runs op until it succeeds or ctx ends, backing off between tries.
+// WaitStateKV opens the state bucket at a service's start, retrying (as
+// provisioning does) while the cluster is busy or electing a leader: one
+// lookup that timed out used to end the service. A bucket that does not
+// exist is a provisioning fault and fails at once.
+func (b *Bus) WaitStateKV(ctx context.Context) (jetstream.KeyValue, error) {
+	var kv jetstream.KeyValue
+	err := retry(ctx, b, "open bucket "+StateBucket, func(ctx context.Context) error {
+		var err error
+		kv, err = b.StateKV(ctx)
+		if errors.Is(err, jetstream.ErrBucketNotFound) {
+			return permanentError{err}
+		}
+		return err
+	})
+	return kv, err
+}
+
+// permanentError ends a retry at once: waiting cannot repair it.
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
+
+// retry runs op until it succeeds, returns a permanentError or ctx ends,
+// backing off between tries.
 func retry(ctx context.Context, b *Bus, what string, op func(context.Context) error) error {
 	backoff := 100 * time.Millisecond
 	for {
@@ -257,6 +280,9 @@ func retry(ctx context.Context, b *Bus, what string, op func(context.Context) er
 		cancel()
 		if err == nil {
 			return nil
+		}
+		if p := (permanentError{}); errors.As(err, &p) {
+			return fmt.Errorf("%s: %w", what, p.error)
 		}
 		b.log.Warn(what+" failed, retrying", "err", err, "retry_in", backoff)
 		select {

@@ -134,7 +134,7 @@ func (s *Service) Run(ctx context.Context) error {
 		}
 		s.state = newStateMetrics(rt.Metrics, groups)
 		s.restoring.within, s.unwritable.within = s.cfg.RestoreWithin.D(), s.cfg.RestoreWithin.D()
-		kv, err := rt.Bus.StateKV(ctx)
+		kv, err := rt.Bus.WaitStateKV(ctx)
 		if err != nil {
 			return err
 		}

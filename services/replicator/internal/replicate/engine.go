@@ -153,7 +153,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	defer cancel()
 	// The state bucket must be there before its group status is watched: a
 	// missing one is a provisioning fault, not something to wait out.
-	if _, err := e.bus.StateKV(ctx); err != nil {
+	if _, err := e.bus.WaitStateKV(ctx); err != nil {
 		return fmt.Errorf("replicator: %w", err)
 	}
 	if err := e.store.LoadIndex(ctx); err != nil {

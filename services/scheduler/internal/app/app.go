@@ -94,7 +94,7 @@ func (s *Service) Run(ctx context.Context) error {
 }
 
 func (s *Service) loop(ctx context.Context, b *bus.Bus, ob *bus.Outbox) error {
-	kv, err := b.StateKV(ctx)
+	kv, err := b.WaitStateKV(ctx)
 	if err != nil {
 		return err
 	}
