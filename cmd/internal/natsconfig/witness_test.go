@@ -27,8 +27,9 @@ func witnessCluster() Cluster {
 	}
 }
 
-func TestWitnessShapeBundles(t *testing.T) {
-	c := witnessCluster()
+// generate writes c's bundles into a temporary directory and returns it.
+func generate(t *testing.T, c Cluster) string {
+	t.Helper()
 	c.defaults()
 	if err := c.validate(); err != nil {
 		t.Fatal(err)
@@ -37,6 +38,11 @@ func TestWitnessShapeBundles(t *testing.T) {
 	if _, err := Generate(c, Options{Out: out}); err != nil {
 		t.Fatal(err)
 	}
+	return out
+}
+
+func TestWitnessShapeBundles(t *testing.T) {
+	out := generate(t, witnessCluster())
 	type snippet struct {
 		Bus struct {
 			URL           string   `yaml:"url"`
@@ -112,14 +118,8 @@ func TestWitnessShapeRefusesUnknownNames(t *testing.T) {
 func TestWitnessShapeBundlesHoldEveryFileTheyName(t *testing.T) {
 	c := witnessCluster()
 	c.Operators, c.Auditors, c.Viewers = []string{"alice"}, []string{"carol"}, []string{"noc"}
+	out := generate(t, c)
 	c.defaults()
-	if err := c.validate(); err != nil {
-		t.Fatal(err)
-	}
-	out := t.TempDir()
-	if _, err := Generate(c, Options{Out: out}); err != nil {
-		t.Fatal(err)
-	}
 	// Paths in a bundle are where it is installed: fan_dir on fan's hosts.
 	pathKeys := map[string]bool{"nkey_seed": true, "creds": true, "ca": true, "cert": true, "key": true}
 	var walk func(file string, node *yaml.Node, bundle string) int
