@@ -342,8 +342,8 @@ func TestPlannedSwitchoverCancel(t *testing.T) {
 	// three times (heartbeats every 200 ms).
 	p.peer.SetFigures(amipeer.Figures{})
 	drained := time.Now()
-	for seen := 0; seen < 3; time.Sleep(100 * time.Millisecond) {
-		seen = 0
+	waitFor(t, 15*time.Second, "three heartbeats of n1 with no calls", func() bool {
+		seen := 0
 		for _, env := range p.trail(p.ctx) {
 			var hb events.NodeHeartbeat
 			if env.Type == events.TypeNodeHeartbeat && env.Time.After(drained) && json.Unmarshal(env.Data, &hb) == nil &&
@@ -351,7 +351,8 @@ func TestPlannedSwitchoverCancel(t *testing.T) {
 				seen++
 			}
 		}
-	}
+		return seen >= 3
+	})
 	if h := p.holding(); len(h) != 1 || h[0] != "n1" || len(p.claimsOn("n2")) != 0 {
 		t.Fatalf("a cancelled switchover moved: holders %v", h)
 	}

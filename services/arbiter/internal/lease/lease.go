@@ -112,21 +112,31 @@ func (l *Lease) Run(ctx context.Context, changes chan<- Change) {
 	defer t.Stop()
 	// reported is what the owner was last told; leadership can also be lost
 	// inside PublishCommand or by the clock, and the owner must hear of it.
-	reported := false
+	reported, reportedEpoch := false, uint64(0)
 	for {
 		select {
 		case <-ctx.Done():
 			l.stepDown("stopping")
 			if reported {
-				changes <- Change{Leading: false, Epoch: l.Epoch()}
+				changes <- Change{Leading: false, Epoch: reportedEpoch}
 			}
 			return
 		case <-t.C:
 		}
 		l.attempt(ctx)
-		if now := l.Leading(); now != reported {
-			changes <- Change{Leading: now, Epoch: l.Epoch()}
-			reported = now
+		now, epoch := l.Leading(), l.Epoch()
+		if reported && now && epoch != reportedEpoch {
+			// The term ended and a new one began between two looks (the
+			// deadline passed while the bus was away, and the first attempt
+			// after took the lease again): the owner ends the old term
+			// before it commands in the new one, or it would keep stamping
+			// commands with an epoch the lease refuses.
+			changes <- Change{Leading: false, Epoch: reportedEpoch}
+			reported = false
+		}
+		if now != reported {
+			changes <- Change{Leading: now, Epoch: epoch}
+			reported, reportedEpoch = now, epoch
 		}
 		t.Reset(l.cfg.RenewEvery)
 	}

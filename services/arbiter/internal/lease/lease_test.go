@@ -84,6 +84,39 @@ func TestOneLeaderAndTakeoverWithHigherEpoch(t *testing.T) {
 	}
 }
 
+// The lease's deadline passes while the bus is away and the first attempt
+// after takes the lease again, as a new term: the owner must hear the old
+// term end and the new one begin. Seen in chaos after a NATS restart: the
+// arbiter kept stamping its commands with the old epoch, every one refused
+// as "not the leader", and nothing moved for 80 s.
+func TestTermRenewedAcrossAMissedDeadlineIsReported(t *testing.T) {
+	s := bustest.Server(t)
+	a := newLease(t, s, "a")
+	cha, _ := run(t, a)
+	first := waitChange(t, cha, true, 3*time.Second)
+	// As after a bus outage longer than the lease: the local deadline has
+	// passed and the term's record is gone from the stream.
+	a.mu.Lock()
+	if err := a.deleteTerm(context.Background()); err != nil {
+		a.mu.Unlock()
+		t.Fatal(err)
+	}
+	a.validUntil = time.Now().Add(-time.Second)
+	a.mu.Unlock()
+	ended := waitChange(t, cha, false, 3*time.Second)
+	if ended.Epoch != first.Epoch {
+		t.Fatalf("the end reported for epoch %d, want the old term's %d", ended.Epoch, first.Epoch)
+	}
+	second := waitChange(t, cha, true, 3*time.Second)
+	if second.Epoch <= first.Epoch || second.Epoch != a.Epoch() {
+		t.Fatalf("new term reported with epoch %d (lease's %d), want above %d", second.Epoch, a.Epoch(), first.Epoch)
+	}
+	env, c := claim(second.Epoch)
+	if err := a.PublishCommand(context.Background(), env, c); err != nil {
+		t.Fatalf("a command in the new term: %v", err)
+	}
+}
+
 func TestStaleLeaderIsFencedByTheServer(t *testing.T) {
 	s := bustest.Server(t)
 	a := newLease(t, s, "a")
