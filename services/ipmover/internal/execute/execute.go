@@ -192,7 +192,12 @@ func (c *Contract) decide(ctx context.Context, env events.Envelope, cmd events.C
 		return events.OutcomeFailed, fmt.Errorf("deadline %s lies %v ahead, beyond the %v any arbiter sets",
 			cmd.Deadline().Format(time.RFC3339Nano), reach.Round(time.Second), events.MaxCommandReach), false
 	}
-	if err := c.cfg.Terms.Check(ctx, env.Epoch, seq); err != nil {
+	// Reads that fail are retried, but not past the command's own deadline:
+	// by then it is expired whatever the answer.
+	tctx, cancel := context.WithDeadline(ctx, cmd.Deadline())
+	err := c.cfg.Terms.Check(tctx, env.Epoch, seq)
+	cancel()
+	if err != nil {
 		c.refused(RefusedNoTerm)
 		return events.OutcomeStaleEpoch, err, false
 	}

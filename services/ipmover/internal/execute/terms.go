@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 )
@@ -23,6 +24,14 @@ type LeaseRecords interface {
 // keepTerms is how many verified terms are remembered: one per leader
 // change, so a handful covers commands still in flight across a handover.
 const keepTerms = 8
+
+// readAttempt bounds one read of the lease's records. A direct get goes to
+// any replica of the command stream, and one on a server just cut off (not
+// yet known to be gone) never answers: waiting out the client's 5 s there
+// made a failover's first claim "stale" and cost a claim timeout (seen in
+// the colocated chaos). Another request is routed afresh, so reads are
+// retried until the caller's context ends (the command's deadline).
+const readAttempt = 750 * time.Millisecond
 
 // LeaseTerms checks epochs against the arbiter lease's records. The lease
 // lives in the command stream and a term is the sequence of the record that
@@ -66,7 +75,14 @@ func (t *LeaseTerms) Check(ctx context.Context, epoch, seq uint64) error {
 	if ok {
 		return nil
 	}
-	rec, found, err := t.rec.At(ctx, epoch)
+	var (
+		rec   events.LeaseRecord
+		found bool
+	)
+	err := retryRead(ctx, func(ctx context.Context) (err error) {
+		rec, found, err = t.rec.At(ctx, epoch)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("check epoch %d: %w", epoch, err)
 	}
@@ -74,7 +90,14 @@ func (t *LeaseTerms) Check(ctx context.Context, epoch, seq uint64) error {
 		t.remember(epoch)
 		return nil
 	}
-	last, lastSeq, found, err := t.rec.Last(ctx)
+	var (
+		last    events.LeaseRecord
+		lastSeq uint64
+	)
+	err = retryRead(ctx, func(ctx context.Context) (err error) {
+		last, lastSeq, found, err = t.rec.Last(ctx)
+		return err
+	})
 	if err != nil {
 		return fmt.Errorf("check epoch %d: %w", epoch, err)
 	}
@@ -97,5 +120,25 @@ func (t *LeaseTerms) remember(epoch uint64) {
 	t.known = append(t.known, epoch)
 	if over := len(t.known) - keepTerms; over > 0 {
 		t.known = slices.Delete(t.known, 0, over)
+	}
+}
+
+// retryRead runs read with a readAttempt bound each time until it succeeds
+// or ctx ends, pausing a little between attempts; it returns the last error.
+func retryRead(ctx context.Context, read func(context.Context) error) error {
+	pause := 25 * time.Millisecond
+	for {
+		actx, cancel := context.WithTimeout(ctx, readAttempt)
+		err := read(actx)
+		cancel()
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(pause):
+		}
+		pause = min(2*pause, 200*time.Millisecond)
 	}
 }

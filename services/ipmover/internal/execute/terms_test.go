@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 )
@@ -70,5 +71,50 @@ func TestLeaseTerms(t *testing.T) {
 	}
 	if recs.reads != before {
 		t.Errorf("%d reads for a known term", recs.reads-before)
+	}
+}
+
+// hangingRecords never answers its first hangs reads (a direct get routed
+// to a replica that was just cut off), then answers from recs.
+type hangingRecords struct {
+	records
+	hangs int
+}
+
+func (r *hangingRecords) At(ctx context.Context, seq uint64) (events.LeaseRecord, bool, error) {
+	if r.hangs > 0 {
+		r.hangs--
+		<-ctx.Done()
+		return events.LeaseRecord{}, false, ctx.Err()
+	}
+	return r.records.At(ctx, seq)
+}
+
+// A read that hangs is abandoned after readAttempt and asked again, so a
+// failover's first claim is checked in about a second instead of being
+// refused as stale after the client's 5 s; a read that never answers is
+// bounded by the caller's context (the command's deadline).
+func TestLeaseTermsRetriesAHungRead(t *testing.T) {
+	recs := &hangingRecords{records: records{at: map[uint64]events.LeaseRecord{65: {Holder: "ctl"}}}, hangs: 1}
+	start := time.Now()
+	if err := NewLeaseTerms(recs).Check(t.Context(), 65, 70); err != nil {
+		t.Fatalf("refused after one hung read: %v", err)
+	}
+	if d := time.Since(start); d < readAttempt || d > readAttempt+time.Second {
+		t.Errorf("checked in %v, want one abandoned attempt (%v) and an answer", d, readAttempt)
+	}
+	never := &hangingRecords{records: records{at: recs.at}, hangs: 1 << 30}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+	defer cancel()
+	start = time.Now()
+	err := NewLeaseTerms(never).Check(ctx, 65, 70)
+	if err == nil || errors.Is(err, ErrNoTerm) || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("never answered: %v, want the deadline (not a verdict on the term)", err)
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Errorf("gave up after %v, want at the caller's deadline (2s)", d)
+	}
+	if never.reads != 0 || never.hangs > 1<<30-2 {
+		t.Errorf("attempts: %d hung reads, want at least two", 1<<30-never.hangs)
 	}
 }
