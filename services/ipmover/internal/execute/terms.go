@@ -31,7 +31,7 @@ const keepTerms = 8
 // made a failover's first claim "stale" and cost a claim timeout (seen in
 // the colocated chaos). Another request is routed afresh, so reads are
 // retried until the caller's context ends (the command's deadline).
-const readAttempt = 750 * time.Millisecond
+const readAttempt = 400 * time.Millisecond
 
 // LeaseTerms checks epochs against the arbiter lease's records. The lease
 // lives in the command stream and a term is the sequence of the record that
