@@ -296,6 +296,10 @@ type Bus struct {
 	reconnectMu sync.Mutex
 	reconnectID int
 	reconnected map[int]func()
+
+	// homeStop ends home (the way back to the preferred server); homeDone
+	// is closed once it has.
+	homeStop, homeDone chan struct{}
 }
 
 // onReconnect calls f after every reconnect until the returned function is
@@ -360,8 +364,10 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 			log.Warn("bus async error", "err", err)
 		}),
 	)
+	// Who this connection is, also for home's probes of a preferred server.
+	var auth []nats.Option
 	if cfg.Creds != "" {
-		opts = append(opts, nats.UserCredentials(cfg.Creds))
+		auth = append(auth, nats.UserCredentials(cfg.Creds))
 	}
 	if cfg.NKeySeed != "" {
 		o, err := nats.NkeyOptionFromSeed(cfg.NKeySeed)
@@ -374,14 +380,15 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		}
 		// Replies come to this identity's own inbox, the only one its
 		// permissions let it read (events.InboxPrefix).
-		opts = append(opts, o, nats.CustomInboxPrefix(events.InboxPrefix(pub)))
+		auth = append(auth, o, nats.CustomInboxPrefix(events.InboxPrefix(pub)))
 	}
 	if cfg.TLS.CA != "" {
-		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
+		auth = append(auth, nats.RootCAs(cfg.TLS.CA))
 	}
 	if cfg.TLS.Cert != "" {
-		opts = append(opts, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
+		auth = append(auth, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
 	}
+	opts = append(opts, auth...)
 
 	url := cfg.URL
 	if cfg.Embedded != nil {
@@ -422,6 +429,13 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		return nil, fmt.Errorf("bus jetstream: %w", err)
 	}
 	b.NC, b.JS = nc, js
+	if cfg.Embedded == nil && len(order.prefer) > 1 {
+		b.homeStop, b.homeDone = make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(b.homeDone)
+			b.home(order, homeURLs(cfg.URL), auth, b.homeStop)
+		}()
+	}
 	return b, nil
 }
 
@@ -449,6 +463,11 @@ func (b *Bus) Source() events.Source { return events.Source{Service: b.id.Servic
 // Close drains the connection (delivering what was already published) and
 // stops the embedded server, if any.
 func (b *Bus) Close() {
+	if b.homeStop != nil {
+		close(b.homeStop)
+		<-b.homeDone
+		b.homeStop = nil
+	}
 	if b.NC != nil {
 		done := make(chan struct{})
 		b.NC.SetClosedHandler(func(*nats.Conn) { close(done) })

@@ -1,0 +1,94 @@
+package bus
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/fanpbx/fan/pkg/events"
+)
+
+// homeEvery is how often a connection on a server other than bus.url's
+// first looks whether one it prefers is back.
+var homeEvery = 10 * time.Second
+
+// homeProbeTimeout bounds one look at a preferred server: the dial, the
+// login and one JetStream request.
+const homeProbeTimeout = 2 * time.Second
+
+// home brings the connection back to the server it prefers once that one
+// answers again. Without it a service that moved to the next server (its
+// own was killed or restarted) stayed there for good: in the colocated
+// chaos the witness's arbiter was left on a PBX host's server, lost the bus
+// with that host's link, and the lease changed term in the middle of the
+// very failover the link cut called for.
+//
+// A preferred server counts as back only when, on a connection of its
+// own, it answers for the state bucket's stream (which needs the stream's
+// raft leader): a server that is up but cut off from the cluster is no
+// place to return to. The move itself is a reconnect, which the order
+// (serverOrder) sends to the first server that has not just failed.
+func (b *Bus) home(order *serverOrder, urls []string, auth []nats.Option, stop <-chan struct{}) {
+	t := time.NewTicker(homeEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if !b.NC.IsConnected() {
+			continue // the reconnect in progress follows the order anyway
+		}
+		cur := serverHost(b.NC.ConnectedUrl())
+		rank := order.rank(cur, len(order.prefer))
+		for i := 0; i < rank && i < len(urls); i++ {
+			if !probeServer(urls[i], auth) {
+				continue
+			}
+			b.log.Info("bus: a preferred server answers again; moving back to it",
+				"from", cur, "to", serverHost(urls[i]))
+			if err := b.NC.ForceReconnect(); err != nil {
+				b.log.Warn("bus: reconnect to the preferred server failed", "err", err)
+			}
+			break
+		}
+	}
+}
+
+// probeServer says whether url takes this identity's login and answers for
+// the state bucket's stream.
+func probeServer(url string, auth []nats.Option) bool {
+	opts := append([]nats.Option{nats.Name("fan-home-probe"), nats.Timeout(homeProbeTimeout), nats.NoReconnect()}, auth...)
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return false
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), homeProbeTimeout)
+	defer cancel()
+	s, err := js.Stream(ctx, events.KVStreamName(StateBucket))
+	if err != nil {
+		return false
+	}
+	info := s.CachedInfo()
+	return info.Cluster == nil || info.Cluster.Leader != ""
+}
+
+// homeURLs are bus.url's entries in order, as dialled.
+func homeURLs(url string) []string {
+	var out []string
+	for _, u := range strings.Split(url, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
+}

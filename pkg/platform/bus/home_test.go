@@ -1,0 +1,66 @@
+package bus_test
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/logtest"
+)
+
+// A connection that moved to bus.url's second server because its first
+// was lost goes back to the first once that one is part of the cluster
+// again, and says so; before, it stayed on the second for good.
+func TestConnectionReturnsToItsPreferredServer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-server cluster")
+	}
+	defer bus.SetHomeEvery(bus.SetHomeEvery(300 * time.Millisecond))
+	c := bustest.Cluster(t, "n1", "n2", "n3")
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	var logs logtest.Buffer
+	b, err := bus.Connect(ctx, bus.Config{URL: c.URL("n1", "n2", "n3"), Replicas: 3}, ident("prober", "n1"),
+		slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	if err := b.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	first, second := c.URL("n1"), c.URL("n2")
+	on := func(want string, within time.Duration) {
+		t.Helper()
+		deadline := time.Now().Add(within)
+		for got := b.NC.ConnectedUrl(); got != want; got = b.NC.ConnectedUrl() {
+			if time.Now().After(deadline) {
+				t.Fatalf("connected to %q, want %s within %v\n%s", got, want, within, logs.String())
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	on(first, 5*time.Second)
+	c.Stop("n1")
+	on(second, 15*time.Second)
+	// While n1 is down the probes fail and the connection stays put.
+	time.Sleep(time.Second)
+	on(second, 0)
+	c.Restart("n1")
+	on(first, 30*time.Second)
+	if !strings.Contains(logs.String(), "a preferred server answers again") {
+		t.Errorf("the move back was not logged:\n%s", logs.String())
+	}
+	// And it works there: a write through the state bucket.
+	kv, err := b.WaitStateKV(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Put(ctx, "test.home", []byte("back")); err != nil {
+		t.Fatalf("put after the move back: %v", err)
+	}
+}
