@@ -2,14 +2,12 @@ package bus_test
 
 import (
 	"context"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
-	"github.com/fanpbx/fan/pkg/platform/logtest"
 )
 
 // A connection that moved to bus.url's second server because its first
@@ -23,16 +21,7 @@ func TestConnectionReturnsToItsPreferredServer(t *testing.T) {
 	c := bustest.Cluster(t, "n1", "n2", "n3")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var logs logtest.Buffer
-	b, err := bus.Connect(ctx, bus.Config{URL: c.URL("n1", "n2", "n3"), Replicas: 3}, ident("prober", "n1"),
-		slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	if err := b.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b, logs := provisioned(ctx, t, c.URL("n1", "n2", "n3"), ident("prober", "n1"))
 	first, second := c.URL("n1"), c.URL("n2")
 	on := func(want string, within time.Duration) {
 		t.Helper()

@@ -24,16 +24,7 @@ func TestWaitStateKVOutlastsTheClustersAbsence(t *testing.T) {
 	c := bustest.Cluster(t, "n1", "n2", "n3")
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	var logs logtest.Buffer
-	b, err := bus.Connect(ctx, bus.Config{URL: c.URL("n1"), Replicas: 3}, ident("arbiter", "a1"),
-		slog.New(slog.NewTextHandler(&logs, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(b.Close)
-	if err := b.Provision(ctx); err != nil {
-		t.Fatal(err)
-	}
+	b, logs := provisioned(ctx, t, c.URL("n1"), ident("arbiter", "a1"))
 	for _, n := range c.Names {
 		c.Stop(n)
 	}
@@ -46,13 +37,18 @@ func TestWaitStateKVOutlastsTheClustersAbsence(t *testing.T) {
 		kv, err := b.WaitStateKV(ctx)
 		done <- opened{kv, err}
 	}()
-	select {
-	case o := <-done:
-		t.Fatalf("WaitStateKV returned with every server down: %v", o.err)
-	case <-time.After(3 * time.Second): // several attempts
-	}
-	if !strings.Contains(logs.String(), "open bucket fan_state failed, retrying") {
-		t.Errorf("no retry logged while the servers were down:\n%s", logs.String())
+	// An attempt ends at once or after its 5 s bound, depending on whether
+	// the client has noticed the servers are gone: wait for the second
+	// attempt's log line, and WaitStateKV must not return meanwhile.
+	for deadline := time.Now().Add(15 * time.Second); strings.Count(logs.String(), "open bucket fan_state failed, retrying") < 2; {
+		select {
+		case o := <-done:
+			t.Fatalf("WaitStateKV returned with every server down: %v", o.err)
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no second attempt logged while the servers were down:\n%s", logs.String())
+		}
 	}
 	for _, n := range c.Names {
 		c.Restart(n)
@@ -89,4 +85,20 @@ func TestWaitStateKVMissingBucketFailsAtOnce(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("took %v, want at once", d)
 	}
+}
+
+// provisioned connects id to url (replicas 3), logging into the returned
+// buffer, and provisions the streams and the bucket.
+func provisioned(ctx context.Context, t *testing.T, url string, id bus.Identity) (*bus.Bus, *logtest.Buffer) {
+	t.Helper()
+	logs := &logtest.Buffer{}
+	b, err := bus.Connect(ctx, bus.Config{URL: url, Replicas: 3}, id, slog.New(slog.NewTextHandler(logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	if err := b.Provision(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return b, logs
 }
