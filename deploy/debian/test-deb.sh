@@ -15,12 +15,15 @@ debs=("$dir"/fan_*.deb)
 deb=${debs[0]}
 fail() { echo "test-deb.sh: $*" >&2; exit 1; }
 
+root=$(mktemp -d)
+# lintian's own temporary files go here too, so a run leaves nothing in /tmp.
+scratch=$(mktemp -d)
+trap 'rm -rf "$root" "$scratch"' EXIT
+
 echo "lintian $(basename "$deb")"
-lint=$(lintian --fail-on error,warning --allow-root "$deb" 2>&1) || { echo "$lint" >&2; fail "lintian found errors or warnings"; }
+lint=$(TMPDIR=$scratch lintian --fail-on error,warning --allow-root "$deb" 2>&1) || { echo "$lint" >&2; fail "lintian found errors or warnings"; }
 [[ -z $lint ]] || echo "$lint"
 
-root=$(mktemp -d)
-trap 'rm -rf "$root"' EXIT
 mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/etc"
 touch "$root/var/lib/dpkg/status"
 # Depends are not installed in an empty root; the maintainer scripts use the

@@ -129,6 +129,29 @@ var t0 = time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
 
 func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
 
+// A dual round that began a moment before a heal (its answers came after
+// it: the cut node could not answer before) is excused like the rounds
+// after it.
+func TestDualRoundSpanningTheHealIsExcused(t *testing.T) {
+	a, b := "02:fa:00:00:00:11", "02:fa:00:00:00:12"
+	healed := at(100).Add(300 * time.Microsecond)
+	sends := []time.Time{at(80), at(100), at(120)}
+	sg := []Sighting{
+		{At: at(81), MAC: a, Answer: true},
+		{At: at(101), MAC: a, Answer: true}, {At: at(102), MAC: b, Answer: true},
+		{At: at(121), MAC: a, Answer: true}, {At: at(122), MAC: b, Answer: true},
+	}
+	rs := Rounds(sends, sg, ARPInterval)
+	_, counted := DualEpisodes(rs, []Window{HealWindow(healed, PartitionBound, "link-cut on n2")})
+	if counted != 0 {
+		t.Fatalf("counted %v against the invariant for rounds answered after the heal", counted)
+	}
+	// Without the heal nothing is excused: the check still bites.
+	if _, counted := DualEpisodes(rs, nil); counted != 2*ARPInterval {
+		t.Fatalf("counted %v with no heal, want two rounds", counted)
+	}
+}
+
 func TestRoundsAndDualAccounting(t *testing.T) {
 	var sends []time.Time
 	for ms := 0; ms < 400; ms += 20 {

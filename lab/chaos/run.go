@@ -240,14 +240,14 @@ func judge(res *Result, l *netlab.Lab, sends []time.Time, sightings []Sighting, 
 			bound = RejoinBound
 		}
 		if (in.Fault.Kind == LinkCut || in.Fault.Kind == NATSPartition) && !in.HealedAt.IsZero() {
-			allowed = append(allowed, Window{From: in.HealedAt, To: in.HealedAt.Add(bound), Why: in.label() + " healed"})
+			allowed = append(allowed, HealWindow(in.HealedAt, bound, in.label()))
 		}
 		if in.Fault.Kind == RoutePartition && !in.HealedAt.IsZero() {
 			bound = RoutePartitionBound
 			if rejoin {
 				bound = RouteRejoinBound
 			}
-			allowed = append(allowed, Window{From: in.HealedAt, To: in.HealedAt.Add(bound), Why: in.label() + " healed"})
+			allowed = append(allowed, HealWindow(in.HealedAt, bound, in.label()))
 		}
 	}
 	res.Episodes, res.DualCounted = DualEpisodes(rounds, allowed)
@@ -293,8 +293,8 @@ func judge(res *Result, l *netlab.Lab, sends []time.Time, sightings []Sighting, 
 	res.Trail = trailLines(evs, res.Start)
 
 	if res.DualCounted > 0 {
-		res.Violations = append(res.Violations, fmt.Sprintf("invariant 1 (one holder): two MACs answered ARP for the floating IP for %d ms outside the partition bounds (%v after a heal; %v after a PBX host's server rejoins)",
-			res.DualCounted.Milliseconds(), PartitionBound, RejoinBound))
+		res.Violations = append(res.Violations, fmt.Sprintf("invariant 1 (one holder): two MACs answered ARP for the floating IP for %v outside the partition bounds (%v after a heal; %v after a PBX host's server rejoins)",
+			res.DualCounted.Round(time.Microsecond), PartitionBound, RejoinBound))
 	}
 	if res.LongestOutage.Counted > OutageBound {
 		res.Violations = append(res.Violations, fmt.Sprintf("outage bound: the floating IP went unanswered for %d ms while a node was healthy (bound %v) from %s (%s)",

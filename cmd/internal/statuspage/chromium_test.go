@@ -71,6 +71,9 @@ func TestPageInChromium(t *testing.T) {
 	opts := append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chrome),
 		chromedp.UserDataDir(t.TempDir()),
+		// With /dev/shm disabled Chromium keeps its shared memory in
+		// TMPDIR: the test's own, so a run leaves nothing in /tmp.
+		chromedp.Env("TMPDIR="+t.TempDir()),
 		chromedp.WindowSize(1280, 900),
 		// CI runs as root, where Chromium's sandbox refuses to start.
 		chromedp.NoSandbox,
