@@ -399,12 +399,7 @@ func (s *Stack) start(host, name string, args ...string) error {
 // that would refuse its configuration fails the lab's start instead of
 // exiting unnoticed while the test runs without it.
 func (s *Stack) checkConfig(host, name string, argv []string) error {
-	switch name {
-	case "fan-prober", "fan-ipmover", "fan-replicator", "fan-arbiter", "fan-scheduler":
-	default:
-		return nil
-	}
-	if !slices.Contains(argv, "-config") {
+	if !slices.Contains(events.Services, events.BusRole(strings.TrimPrefix(name, "fan-"))) || !slices.Contains(argv, "-config") {
 		return nil
 	}
 	h, err := s.Lab.Host(host)

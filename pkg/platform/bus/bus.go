@@ -433,7 +433,7 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		b.homeStop, b.homeDone = make(chan struct{}), make(chan struct{})
 		go func() {
 			defer close(b.homeDone)
-			b.home(order, homeURLs(cfg.URL), auth, b.homeStop)
+			b.home(order, auth, b.homeStop)
 		}()
 	}
 	return b, nil

@@ -2,7 +2,6 @@ package bus
 
 import (
 	"context"
-	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -31,7 +30,7 @@ const homeProbeTimeout = 2 * time.Second
 // raft leader): a server that is up but cut off from the cluster is no
 // place to return to. The move itself is a reconnect, which the order
 // (serverOrder) sends to the first server that has not just failed.
-func (b *Bus) home(order *serverOrder, urls []string, auth []nats.Option, stop <-chan struct{}) {
+func (b *Bus) home(order *serverOrder, auth []nats.Option, stop <-chan struct{}) {
 	t := time.NewTicker(homeEvery)
 	defer t.Stop()
 	for {
@@ -45,12 +44,12 @@ func (b *Bus) home(order *serverOrder, urls []string, auth []nats.Option, stop <
 		}
 		cur := serverHost(b.NC.ConnectedUrl())
 		rank := order.rank(cur, len(order.prefer))
-		for i := 0; i < rank && i < len(urls); i++ {
-			if !probeServer(urls[i], auth) {
+		for i := 0; i < rank && i < len(order.urls); i++ {
+			if !probeServer(order.urls[i], auth) {
 				continue
 			}
 			b.log.Info("bus: a preferred server answers again; moving back to it",
-				"from", cur, "to", serverHost(urls[i]))
+				"from", cur, "to", order.prefer[i])
 			if err := b.NC.ForceReconnect(); err != nil {
 				b.log.Warn("bus: reconnect to the preferred server failed", "err", err)
 			}
@@ -80,15 +79,4 @@ func probeServer(url string, auth []nats.Option) bool {
 	}
 	info := s.CachedInfo()
 	return info.Cluster == nil || info.Cluster.Leader != ""
-}
-
-// homeURLs are bus.url's entries in order, as dialled.
-func homeURLs(url string) []string {
-	var out []string
-	for _, u := range strings.Split(url, ",") {
-		if u = strings.TrimSpace(u); u != "" {
-			out = append(out, u)
-		}
-	}
-	return out
 }

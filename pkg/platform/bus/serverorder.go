@@ -23,6 +23,7 @@ import (
 // two is up.
 type serverOrder struct {
 	prefer    []string // host:port, in bus.url's order
+	urls      []string // the bus.url entry of each of prefer, as written (home dials it)
 	failedFor time.Duration
 	retryWait time.Duration
 	now       func() time.Time
@@ -39,8 +40,10 @@ const serverFailedFor = 5 * time.Second
 func newServerOrder(urls string, retryWait time.Duration) *serverOrder {
 	o := &serverOrder{failedFor: serverFailedFor, retryWait: retryWait, now: time.Now, failed: map[string]time.Time{}}
 	for _, u := range strings.Split(urls, ",") {
-		if h := serverHost(strings.TrimSpace(u)); h != "" {
+		u = strings.TrimSpace(u)
+		if h := serverHost(u); h != "" {
 			o.prefer = append(o.prefer, h)
+			o.urls = append(o.urls, u)
 		}
 	}
 	return o
