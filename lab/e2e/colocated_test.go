@@ -86,11 +86,26 @@ func TestColocatedTopology(t *testing.T) {
 		if _, err := l.KillAll(crash); err != nil {
 			t.Fatal(err)
 		}
+		// A failed wait must not leave the host down: the next subtest
+		// needs all three servers, and two failures from one cause would
+		// hide which fault it was.
+		restarted := false
+		defer func() {
+			if !restarted {
+				if err := st.StartNode(ctx, crash); err != nil {
+					t.Errorf("restart %s after the failure: %v", crash, err)
+				}
+			}
+		}()
 		ans, err := st.WaitAnswer(ctx, p, survivor, 45*time.Second)
 		if err != nil {
-			t.Fatalf("failover after %s crashed (leaders forced onto it: %v): %v", crash, force, err)
+			gs, lerr := leaders.List(ctx, js)
+			lease, _ := leaders.ArbiterLease(ctx, js, st.Cluster())
+			t.Fatalf("failover after %s crashed (leaders forced onto it: %v): %v; raft leaders now: %s (%v); arbiter lease: %+v",
+				crash, force, err, leaders.Describe(gs), lerr, lease)
 		}
 		t.Logf("fault to first SIP answer from %s: %v", survivor, ans.At.Sub(fault).Round(time.Millisecond))
+		restarted = true
 		if err := st.StartNode(ctx, crash); err != nil {
 			t.Fatal(err)
 		}

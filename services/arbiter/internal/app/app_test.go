@@ -37,6 +37,8 @@ type lab struct {
 	slow     map[string]chan struct{}
 	// claimTimeout, when set, replaces the lab's 3 s claim timeout.
 	claimTimeout time.Duration
+	// leaseTTL, when set, replaces the lab's 1 s arbiter lease.
+	leaseTTL time.Duration
 	// channels, when set for a node, is what its heartbeats report as
 	// active channels (nil: unknown); a node without reports 0.
 	channels map[string]func(context.Context) *int
@@ -61,6 +63,9 @@ func (l *lab) cfg(node string) Config {
 	}
 	if l.claimTimeout != 0 {
 		c.Policy.ClaimTimeout = config.Duration(l.claimTimeout)
+	}
+	if l.leaseTTL != 0 {
+		c.LeaseTTL = config.Duration(l.leaseTTL)
 	}
 	if err := c.Validate(); err != nil {
 		l.t.Fatal(err)
@@ -431,6 +436,7 @@ func TestCommandDeliveredAfterItsDeadline(t *testing.T) {
 // the decision it asked for.
 func TestOperatorRequestReply(t *testing.T) {
 	l := newLab(t, "n1", "n2")
+	l.leaseTTL = operatorLeaseTTL
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	l.nodesUp(ctx)
@@ -500,6 +506,7 @@ func TestOperatorRequestReply(t *testing.T) {
 // ask(operator, request) sending a request on that operator's subject.
 func operatorLab(t *testing.T) (*lab, context.Context, func(op string, req events.OperatorRequest) events.OperatorReply) {
 	l := newLab(t, "n1", "n2")
+	l.leaseTTL = operatorLeaseTTL
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
 	l.nodesUp(ctx)
@@ -508,6 +515,13 @@ func operatorLab(t *testing.T) (*lab, context.Context, func(op string, req event
 	l.waitHolder("n1", 10*time.Second)
 	return l, ctx, l.asker()
 }
+
+// operatorLeaseTTL is the arbiter lease in the tests of operator requests.
+// Only the leader answers a request, and the lab's 1 s lease can pass from
+// one replica to the other on a loaded machine (race detector, CI) while a
+// request is in flight: it then goes unanswered, as fanctl would report,
+// which is not what these tests are about.
+const operatorLeaseTTL = 3 * time.Second
 
 // asker returns ask(operator, request): a request sent on that operator's
 // subject, and the leader's reply.
