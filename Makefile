@@ -114,7 +114,8 @@ FUZZ_TARGETS := \
 	pkg/platform/config:FuzzParse \
 	services/prober/internal/app:FuzzConfig \
 	services/arbiter/internal/httphb:FuzzHeartbeatBody \
-	services/replicator/internal/fstree:FuzzDecodeManifest
+	services/replicator/internal/fstree:FuzzDecodeManifest \
+	services/ipmover/internal/fence:FuzzOpen
 fuzz:
 	@set -e; for spec in $(FUZZ_TARGETS); do \
 		IFS=: read -r dir target <<< "$$spec"; \

@@ -104,32 +104,32 @@ func (s *Stack) connect(host, url string, opts ...nats.Option) (*nats.Conn, jets
 // ForceOnto puts every raft leader (fan's streams, the state bucket's
 // stream, every durable consumer) on host's NATS server and the arbiter's
 // lease on host's arbiter replica: the worst place for them when host
-// dies. The lease moves by restarting the other replicas while host's
-// campaigns alone. Nothing keeps them there afterwards.
+// dies. The lease moves by stopping every replica and starting host's
+// alone; the others return once it holds the lease. The leaders move last,
+// and never against a steward in its steady state: the new holder's steward
+// moves every leader to bus.leader_servers the moment it takes the lease
+// and then leaves each group it moved alone for its minimum gap (5 s), the
+// window in which they are moved here. Nothing keeps them there afterwards.
 func (s *Stack) ForceOnto(ctx context.Context, nc *nats.Conn, js jetstream.JetStream, host string) error {
-	if _, err := leaders.MoveAll(ctx, nc, js, s.ServerName(host)); err != nil {
+	before, err := leaders.ArbiterLease(ctx, js, s.opts.Cluster)
+	if err != nil && !errors.Is(err, leaders.ErrNoLease) {
 		return err
 	}
-	if l, err := leaders.ArbiterLease(ctx, js, s.opts.Cluster); err == nil && l.Node() == host {
-		return nil
-	}
-	var others []string
-	for _, h := range s.ArbiterHosts() {
-		if h != host {
-			others = append(others, h)
-		}
-	}
-	for _, h := range others {
+	hosts := s.ArbiterHosts()
+	for _, h := range hosts {
 		if p := s.Proc(h, "fan-arbiter"); p != nil && !p.Exited() {
 			if err := p.Stop(); err != nil {
 				return fmt.Errorf("stop arbiter on %s: %w", h, err)
 			}
 		}
 	}
+	if err := s.startControl(host, "fan-arbiter"); err != nil {
+		return err
+	}
 	var last error
 	for {
 		l, err := leaders.ArbiterLease(ctx, js, s.opts.Cluster)
-		if err == nil && l.Node() == host {
+		if err == nil && l.Node() == host && l.Epoch > before.Epoch {
 			break
 		}
 		last = err
@@ -140,13 +140,14 @@ func (s *Stack) ForceOnto(ctx context.Context, nc *nats.Conn, js jetstream.JetSt
 		}
 	}
 	var errs []error
-	for _, h := range others {
-		errs = append(errs, s.startControl(h, "fan-arbiter"))
+	for _, h := range hosts {
+		if h != host {
+			errs = append(errs, s.startControl(h, "fan-arbiter"))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}
-	// The lease's stream leader may have moved while the replicas changed.
-	_, err := leaders.MoveAll(ctx, nc, js, s.ServerName(host))
+	_, err = leaders.MoveAll(ctx, nc, js, s.ServerName(host))
 	return err
 }

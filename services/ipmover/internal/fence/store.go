@@ -6,13 +6,12 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 )
 
-// fileVersion is the state file's format version.
+// fileVersion is the version of the state's JSON encoding.
 const fileVersion = 1
 
 type fileFormat struct {
@@ -28,12 +27,20 @@ var ErrCorrupt = errors.New("fence: state file corrupt")
 // Store is a State kept in a file. Its methods are safe for concurrent use,
 // but a Check followed by Record is not atomic: the caller serialises
 // command handling (the executor handles one command at a time).
+//
+// The file holds two slots (slots.go): a Record writes the slot not holding
+// the current state and makes it durable with one fdatasync, because it
+// stands between a claim and the address being added. The older layout, the
+// state as one JSON document replaced by rename, is still read, and is
+// rewritten as slots by the first write.
 type Store struct {
 	path string
 	keep int
 
 	mu    sync.Mutex
 	state State
+	// file is the slot layout on disk; zero until the file has slots.
+	file slotFile
 }
 
 // Open loads the state file at path. A missing file is a fresh state (first
@@ -51,6 +58,18 @@ func Open(path string, keep int) (*Store, error) {
 		return s, nil
 	case err != nil:
 		return nil, fmt.Errorf("fence: read state %s: %w", path, err)
+	}
+	if isSlotFile(b) {
+		f, payload, err := readSlots(b)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: %w", ErrCorrupt, path, err)
+		}
+		st, err := decode(payload)
+		if err != nil {
+			return nil, fmt.Errorf("%w: %s: newest slot (sequence %d): %w", ErrCorrupt, path, f.seq, err)
+		}
+		s.state, s.file = st, f
+		return s, nil
 	}
 	st, err := decode(b)
 	if err != nil {
@@ -90,7 +109,7 @@ func (s *Store) Record(cmdID string, epoch uint64, managed ...string) error {
 	defer s.mu.Unlock()
 	next := s.state.clone()
 	next.Record(cmdID, epoch, s.keep, managed...)
-	if err := writeAtomic(s.path, fileFormat{Version: fileVersion, State: next}); err != nil {
+	if err := s.write(next); err != nil {
 		return err
 	}
 	s.state = next
@@ -106,7 +125,7 @@ func (s *Store) ForgetEpoch() error {
 	defer s.mu.Unlock()
 	next := s.state.clone()
 	next.MaxEpoch = 0
-	if err := writeAtomic(s.path, fileFormat{Version: fileVersion, State: next}); err != nil {
+	if err := s.write(next); err != nil {
 		return err
 	}
 	s.state = next
@@ -128,7 +147,7 @@ func (s *Store) Manage(addrs ...string) error {
 	if len(next.Managed) == len(s.state.Managed) {
 		return nil
 	}
-	if err := writeAtomic(s.path, fileFormat{Version: fileVersion, State: next}); err != nil {
+	if err := s.write(next); err != nil {
 		return err
 	}
 	s.state = next
@@ -142,45 +161,28 @@ func (s *Store) Snapshot() State {
 	return s.state.clone()
 }
 
-// writeAtomic replaces path so that a reader (or a restart after a crash)
-// sees either the old file or the new one, complete: write a temporary file
-// in the same directory, fsync it, rename it over, then fsync the directory
-// so the rename itself is durable.
-func writeAtomic(path string, v any) (err error) {
-	b, err := json.Marshal(v)
+// write makes next the state on disk, returning only once it is durable.
+// On error the state on disk is the old one or, if only the final flush
+// failed, possibly the new one; memory keeps the old one either way.
+func (s *Store) write(next State) error {
+	payload, err := json.Marshal(fileFormat{Version: fileVersion, State: next})
 	if err != nil {
 		return fmt.Errorf("fence: encode state: %w", err)
 	}
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return fmt.Errorf("fence: create temp state file: %w", err)
-	}
-	defer func() {
+	if s.file.fits(len(payload)) {
+		f, err := writeSlot(s.path, s.file, payload)
 		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
+			return err
 		}
-	}()
-	if _, err = tmp.Write(b); err != nil {
-		return fmt.Errorf("fence: write %s: %w", tmp.Name(), err)
+		s.file = f
+		return nil
 	}
-	if err = tmp.Sync(); err != nil {
-		return fmt.Errorf("fence: fsync %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Close(); err != nil {
-		return fmt.Errorf("fence: close %s: %w", tmp.Name(), err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return fmt.Errorf("fence: rename state into place: %w", err)
-	}
-	d, err := os.Open(dir)
+	// No slots yet (a new node, or the older layout), or a state grown
+	// past its slot: a new file, put in place whole.
+	f, err := createSlots(s.path, s.file.seq+1, payload)
 	if err != nil {
-		return fmt.Errorf("fence: open state dir: %w", err)
+		return err
 	}
-	defer d.Close()
-	if err = d.Sync(); err != nil {
-		return fmt.Errorf("fence: fsync state dir %s: %w", dir, err)
-	}
+	s.file = f
 	return nil
 }
