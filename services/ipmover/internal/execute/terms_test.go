@@ -3,25 +3,32 @@ package execute
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 )
 
-// records is a lease's records by sequence, for the pure checks.
+// records is a lease's records by sequence, for the pure checks. Reads may
+// come concurrently (hedged).
 type records struct {
+	mu    sync.Mutex
 	at    map[uint64]events.LeaseRecord
 	reads int
 }
 
 func (r *records) At(_ context.Context, seq uint64) (events.LeaseRecord, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.reads++
 	rec, ok := r.at[seq]
 	return rec, ok, nil
 }
 
 func (r *records) Last(context.Context) (events.LeaseRecord, uint64, bool, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.reads++
 	var last uint64
 	for s := range r.at {
@@ -79,34 +86,47 @@ func TestLeaseTerms(t *testing.T) {
 type hangingRecords struct {
 	records
 	hangs int
+	hung  int // reads that hung
 }
 
 func (r *hangingRecords) At(ctx context.Context, seq uint64) (events.LeaseRecord, bool, error) {
-	if r.hangs > 0 {
+	r.mu.Lock()
+	hang := r.hangs > 0
+	if hang {
 		r.hangs--
+		r.hung++
+	}
+	r.mu.Unlock()
+	if hang {
 		<-ctx.Done()
 		return events.LeaseRecord{}, false, ctx.Err()
 	}
 	return r.records.At(ctx, seq)
 }
 
-// A read that hangs is abandoned after readAttempt and asked again, so a
-// failover's first claim is checked in about a second instead of being
-// refused as stale after the client's 5 s; a read that never answers is
-// bounded by the caller's context (the command's deadline).
-func TestLeaseTermsRetriesAHungRead(t *testing.T) {
-	recs := &hangingRecords{records: records{at: map[uint64]events.LeaseRecord{65: {Holder: "ctl"}}}, hangs: 1}
-	start := time.Now()
-	if err := NewLeaseTerms(recs).Check(t.Context(), 65, 70); err != nil {
-		t.Fatalf("refused after one hung read: %v", err)
+// A read that hangs is asked again beside it after hedgeAfter, so a
+// failover's first claim is checked in a fraction of a second instead of
+// being refused as stale after the client's 5 s, or waiting out readAttempt
+// once per hung read; a read that never answers is bounded by the caller's
+// context (the command's deadline).
+func TestLeaseTermsHedgesAHungRead(t *testing.T) {
+	for hangs := 1; hangs <= 2; hangs++ {
+		recs := &hangingRecords{records: records{at: map[uint64]events.LeaseRecord{65: {Holder: "ctl"}}}, hangs: hangs}
+		start := time.Now()
+		if err := NewLeaseTerms(recs).Check(t.Context(), 65, 70); err != nil {
+			t.Fatalf("refused after %d hung reads: %v", hangs, err)
+		}
+		// The answer comes from the attempt sent hangs × hedgeAfter after
+		// the first, while the hung ones are still waiting.
+		if d := time.Since(start); d < time.Duration(hangs)*hedgeAfter || d >= readAttempt {
+			t.Errorf("%d hung reads: checked in %v, want from %v and before one attempt's bound (%v)",
+				hangs, d, time.Duration(hangs)*hedgeAfter, readAttempt)
+		}
 	}
-	if d := time.Since(start); d < readAttempt || d > readAttempt+time.Second {
-		t.Errorf("checked in %v, want one abandoned attempt (%v) and an answer", d, readAttempt)
-	}
-	never := &hangingRecords{records: records{at: recs.at}, hangs: 1 << 30}
+	never := &hangingRecords{records: records{at: map[uint64]events.LeaseRecord{65: {Holder: "ctl"}}}, hangs: 1 << 30}
 	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
 	defer cancel()
-	start = time.Now()
+	start := time.Now()
 	err := NewLeaseTerms(never).Check(ctx, 65, 70)
 	if err == nil || errors.Is(err, ErrNoTerm) || !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("never answered: %v, want the deadline (not a verdict on the term)", err)
@@ -114,7 +134,52 @@ func TestLeaseTermsRetriesAHungRead(t *testing.T) {
 	if d := time.Since(start); d > 3*time.Second {
 		t.Errorf("gave up after %v, want at the caller's deadline (2s)", d)
 	}
-	if never.reads != 0 || never.hangs > 1<<30-2 {
-		t.Errorf("attempts: %d hung reads, want at least two", 1<<30-never.hangs)
+	never.mu.Lock()
+	defer never.mu.Unlock()
+	// Attempts: a new one every hedgeAfter while fewer than maxInFlight
+	// wait, each abandoned after readAttempt: well over maxInFlight in 2 s.
+	if never.reads != 0 || never.hung <= maxInFlight {
+		t.Errorf("attempts: %d hung reads (%d answered), want more than %d", never.hung, never.reads, maxInFlight)
+	}
+}
+
+// TestHedgedReadKeepsAtMostMaxInFlight: hung reads never pile up beyond
+// maxInFlight, and the attempts still in flight when the read returns are
+// cancelled, so a Check leaves nothing waiting behind it.
+func TestHedgedReadKeepsAtMostMaxInFlight(t *testing.T) {
+	var mu sync.Mutex
+	inFlight, most, started := 0, 0, 0
+	ctx, cancel := context.WithTimeout(t.Context(), 900*time.Millisecond)
+	defer cancel()
+	_, err := hedgedRead(ctx, func(ctx context.Context) (int, error) {
+		mu.Lock()
+		inFlight++
+		started++
+		most = max(most, inFlight)
+		mu.Unlock()
+		<-ctx.Done()
+		mu.Lock()
+		inFlight--
+		mu.Unlock()
+		return 0, ctx.Err()
+	})
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("hedgedRead = %v, want the deadline", err)
+	}
+	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+		mu.Lock()
+		left := inFlight
+		mu.Unlock()
+		if left == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d attempts still waiting a second after the read returned", left)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if most != maxInFlight || started <= maxInFlight {
+		t.Errorf("at most %d in flight of %d started, want %d at most and more started over 900 ms", most, started, maxInFlight)
 	}
 }
