@@ -164,29 +164,49 @@ func TestStoreCorruptFileIsAnError(t *testing.T) {
 	}
 }
 
+// A Record that cannot be written leaves memory as it was, whether it
+// would have put a new file in place (the first record) or written a slot
+// of the existing file in place.
 func TestStoreRecordFailureRecordsNothing(t *testing.T) {
-	dir := t.TempDir()
-	path := filepath.Join(dir, "fence.json")
-	s, err := Open(path, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Make the directory unwritable in a way root cannot bypass: replace
-	// it with a file, so creating the temporary file fails.
-	if err := os.Remove(dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dir, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.Remove(dir) })
-	if err := s.Record("claim-1", 3); err == nil {
-		t.Fatal("Record succeeded without a writable directory")
-	}
-	if got := s.Check("claim-1", 3, future, now); got != Apply {
-		t.Errorf("after a failed Record the command is %v; memory must not claim it was applied", got)
-	}
-	if st := s.Snapshot(); st.MaxEpoch != 0 {
-		t.Errorf("epoch advanced to %d after a failed Record", st.MaxEpoch)
+	for _, tc := range []struct {
+		name   string
+		before uint64 // epoch recorded before the directory goes; 0: none
+	}{
+		{"new file by rename", 0},
+		{"slot written in place", 3},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "fan")
+			if err := os.Mkdir(dir, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			s, err := Open(filepath.Join(dir, "fence.json"), 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.before != 0 {
+				if err := s.Record("claim-0", tc.before); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// Make the directory unwritable in a way root cannot bypass:
+			// replace it with a file, so neither a temporary file can be
+			// created nor the state file opened.
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dir, nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+			if err := s.Record("claim-1", 4); err == nil {
+				t.Fatal("Record succeeded without a writable directory")
+			}
+			if got := s.Check("claim-1", 4, future, now); got != Apply {
+				t.Errorf("after a failed Record the command is %v; memory must not claim it was applied", got)
+			}
+			if st := s.Snapshot(); st.MaxEpoch != tc.before {
+				t.Errorf("epoch is %d after a failed Record, want %d", st.MaxEpoch, tc.before)
+			}
+		})
 	}
 }

@@ -213,31 +213,3 @@ func FuzzOpen(f *testing.F) {
 		}
 	})
 }
-
-// TestInPlaceRecordFailureRecordsNothing: a Record into the slots that
-// cannot be written leaves memory as it was, as the rename path does.
-func TestInPlaceRecordFailureRecordsNothing(t *testing.T) {
-	dir := filepath.Join(t.TempDir(), "fan")
-	if err := os.Mkdir(dir, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	s := openOrFail(t, filepath.Join(dir, "state"))
-	recordOrFail(t, s, "claim-1", 3)
-	// Root bypasses permissions: replace the directory with a file, so
-	// the state file cannot be opened.
-	if err := os.RemoveAll(dir); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(dir, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Record("claim-2", 4); err == nil {
-		t.Fatal("Record succeeded without a state file to write")
-	}
-	if got := s.Check("claim-2", 4, future, now); got != Apply {
-		t.Errorf("after a failed Record the command is %v; memory must not claim it was applied", got)
-	}
-	if st := s.Snapshot(); st.MaxEpoch != 3 {
-		t.Errorf("epoch is %d after a failed Record, want 3", st.MaxEpoch)
-	}
-}
