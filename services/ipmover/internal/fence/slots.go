@@ -164,10 +164,12 @@ func fdatasync(f *os.File) error {
 // file in the same directory, fsynced, renamed over, then the directory
 // fsynced so the rename itself is durable.
 func createSlots(path string, seq uint64, payload []byte) (_ slotFile, err error) {
-	size := max(minSlotSize, roundUp(2*(slotHeaderLen+len(payload)), 4096))
-	if slotHeaderLen+len(payload) > maxSlotSize {
+	need := slotHeaderLen + len(payload)
+	if need > maxSlotSize {
 		return slotFile{}, fmt.Errorf("fence: state of %d bytes is larger than a slot may be", len(payload))
 	}
+	// Room to grow to twice the state, but never past what Open reads.
+	size := min(maxSlotSize, max(minSlotSize, roundUp(2*need, 4096)))
 	b := make([]byte, 2*size)
 	copy(b, encodeSlot(seq, payload))
 	dir := filepath.Dir(path)

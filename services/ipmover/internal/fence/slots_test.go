@@ -213,3 +213,31 @@ func FuzzOpen(f *testing.F) {
 		}
 	})
 }
+
+// A state more than half a slot's largest size still gets a file Open
+// reads back: the room to grow is capped, never the state.
+func TestLargeStateFileIsReadable(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state")
+	payload := make([]byte, maxSlotSize/2+1)
+	for i := range payload {
+		payload[i] = 'x'
+	}
+	f, err := createSlots(path, 1, payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, p, err := readSlots(b)
+	if err != nil {
+		t.Fatalf("a %d-byte state written as slots of %d bytes cannot be read back: %v", len(payload), f.size, err)
+	}
+	if got != f || len(p) != len(payload) {
+		t.Fatalf("read %+v with %d bytes, wrote %+v with %d", got, len(p), f, len(payload))
+	}
+	if _, err := createSlots(path, 2, make([]byte, maxSlotSize)); err == nil {
+		t.Fatal("a state larger than the largest slot was written")
+	}
+}
