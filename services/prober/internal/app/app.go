@@ -164,6 +164,7 @@ func (s *Service) newChecker(cc CheckConfig) (check.Checker, error) {
 func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c check.Checker, turned func()) {
 	log := s.log.With("check", cc.Name, "target_node", cc.TargetNode)
 	tr := health.New(cc.Rise, cc.Fall)
+	var rtt health.RoundTrips
 	var lastPublished time.Time
 	lastOK := false
 	obs := s.metrics.forCheck(cc)
@@ -174,7 +175,11 @@ func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c che
 		if !sched.wait(ctx) {
 			return
 		}
-		rctx, cancel := context.WithTimeout(ctx, cc.Timeout.D())
+		wait := cc.Timeout.D()
+		if cc.DecisiveMargin > 0 && tr.Decisive() {
+			wait = rtt.Wait(cc.DecisiveMargin.D(), wait)
+		}
+		rctx, cancel := context.WithTimeout(ctx, wait)
 		r := c.Run(rctx)
 		cancel()
 		if ctx.Err() != nil {
@@ -185,6 +190,9 @@ func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c che
 				log.Debug("no verdict yet", "duration", r.Duration)
 			}
 			continue
+		}
+		if r.OK {
+			rtt.Observe(r.Duration)
 		}
 		r.Err = s.red.Error(r.Err)
 		obs.observe(r)

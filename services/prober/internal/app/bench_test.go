@@ -73,7 +73,7 @@ func BenchmarkProber200Checks(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer peer.Close()
-	udp := benchSIPUDP(b)
+	udp := startSIPUDP(b).addr()
 	tcpSIP := benchSIPTCP(b)
 	web := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { fmt.Fprint(w, "ok") }))
 	defer web.Close()
@@ -257,25 +257,6 @@ func sipAnswer(req []byte) []byte {
 	}
 	out.WriteString("Content-Length: 0\r\n\r\n")
 	return out.Bytes()
-}
-
-func benchSIPUDP(b *testing.B) string {
-	c, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { c.Close() })
-	go func() {
-		buf := make([]byte, 65535)
-		for {
-			n, from, err := c.ReadFromUDPAddrPort(buf)
-			if err != nil {
-				return
-			}
-			_, _ = c.WriteToUDPAddrPort(sipAnswer(buf[:n]), from)
-		}
-	}()
-	return c.LocalAddr().String()
 }
 
 func benchSIPTCP(b *testing.B) string {

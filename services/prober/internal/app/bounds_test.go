@@ -18,6 +18,7 @@ checks:
   - {name: sip, kind: sip, address: "127.0.0.1:5060", interval: 1s, timeout: 500ms, rise: 2, fall: 3}
   - {name: web, kind: http, address: "http://127.0.0.1:8080/", interval: 1s, timeout: 500ms, rise: 1, fall: 1}
   - {name: db, kind: exec, command: [/bin/true, --password=x], secret_args: ["--password="], interval: 1s, timeout: 500ms, rise: 1, fall: 1}
+  - {name: peer, kind: sip, role: peer, target_node: n2, address: "127.0.0.1:5061", interval: 1s, timeout: 500ms, rise: 2, fall: 3}
 `
 
 // Every absurd value the prober's file can hold is refused by -check-config
@@ -42,6 +43,9 @@ func TestConfigBounds(t *testing.T) {
 		{Key: "checks[0].fall", Value: 1000000},
 		{Key: "checks[0].jitter", Value: "-1s"},
 		{Key: "checks[0].address", Value: "127.0.0.1:99999"},
+		{Key: "checks[0].decisive_margin", Value: "10ms"}, // a self check's verdict is never hurried
+		{Key: "checks[4].decisive_margin", Value: "500us"},
+		{Key: "checks[4].decisive_margin", Value: "1s"},
 		{Key: "checks[1].retransmit", Value: "-1s"},
 		{Key: "checks[1].retransmit", Value: "1h"},
 		{Key: "checks[3].secret_args", Value: []any{"99"}},

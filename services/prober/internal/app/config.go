@@ -62,6 +62,14 @@ type CheckConfig struct {
 	// Jitter delays each run by up to this much, so many checks started
 	// together do not fire in lockstep.
 	Jitter config.Duration `yaml:"jitter"`
+	// DecisiveMargin (peer checks only): once fall-1 runs in a row failed,
+	// the next one, which decides, waits only as long as the target's
+	// answers have been taking (health.RoundTrips: the smoothed round trip
+	// plus four deviations or this margin, whichever is more), at most
+	// Timeout. It puts a peer's verdict on a dead target fall intervals
+	// plus a margin after its last answer, not fall-1 intervals plus a
+	// whole timeout after its first miss. Negative turns it off.
+	DecisiveMargin config.Duration `yaml:"decisive_margin"`
 
 	// ami: LoginTimeout bounds a login, which runs apart from the probes.
 	LoginTimeout config.Duration `yaml:"login_timeout"`
@@ -188,6 +196,9 @@ func (c *Config) Validate() error {
 		if ch.Jitter < 0 || ch.Jitter >= ch.Interval-ch.Timeout {
 			return config.Errf(key("jitter"), "must be below interval - timeout (%v)", ch.Interval-ch.Timeout)
 		}
+		if err := ch.validateDecisiveMargin(key); err != nil {
+			return err
+		}
 		if ch.Kind == "sip" && ch.Retransmit == 0 {
 			// RFC 3261's 500 ms T1 would never fire inside a 150 ms probe:
 			// retransmit at least twice within the timeout.
@@ -195,6 +206,30 @@ func (c *Config) Validate() error {
 		}
 	}
 	return c.validateGroups(seen)
+}
+
+// DefaultDecisiveMargin is a peer check's decisive_margin: a LAN answers in
+// well under a millisecond, so this is nearly all margin, and the estimate
+// grows past it as soon as answers slow down or spread.
+const DefaultDecisiveMargin = 20 * time.Millisecond
+
+// validateDecisiveMargin fills and checks decisive_margin. Only a peer's
+// verdict may be hurried: it moves nothing unless the holder is also silent
+// on the bus, where a self check's verdict moves the address by itself.
+func (ch *CheckConfig) validateDecisiveMargin(key func(string) string) error {
+	switch {
+	case ch.Role != events.RolePeer:
+		if ch.DecisiveMargin != 0 {
+			return config.Errf(key("decisive_margin"), "applies to role peer only, not %s", ch.Role)
+		}
+	case ch.DecisiveMargin == 0:
+		ch.DecisiveMargin = config.Duration(min(DefaultDecisiveMargin, ch.Timeout.D()))
+	case ch.DecisiveMargin < 0:
+		ch.DecisiveMargin = -1 // off: every run waits timeout
+	case ch.DecisiveMargin.D() < time.Millisecond || ch.DecisiveMargin > ch.Timeout:
+		return config.Errf(key("decisive_margin"), "must be from 1ms to timeout %v (or negative: off), got %v", ch.Timeout, ch.DecisiveMargin)
+	}
+	return nil
 }
 
 func (c *Config) validateGroups(checks map[string]bool) error {

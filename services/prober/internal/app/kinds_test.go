@@ -44,6 +44,9 @@ func TestEveryKindValidates(t *testing.T) {
 	if sip.Role != events.RolePeer || sip.TargetNode != "n2" || sip.Transport != "tcp" || !sip.codes.Has(401) || sip.codes.Has(404) {
 		t.Fatalf("peer sip check %+v", sip)
 	}
+	if sip.DecisiveMargin.D() != DefaultDecisiveMargin || c.Checks[2].DecisiveMargin != 0 {
+		t.Fatalf("decisive_margin %v on the peer check, %v on the vip check: want the default on peer checks only", sip.DecisiveMargin, c.Checks[2].DecisiveMargin)
+	}
 	if vip := c.Checks[2]; vip.Transport != "udp" || vip.Retransmit.D() != 50*time.Millisecond || !vip.codes.Has(404) || vip.codes.Has(503) {
 		t.Fatalf("vip sip defaults %+v: want udp, T1 = timeout/3, any non-5xx", vip)
 	}
