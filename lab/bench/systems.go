@@ -13,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/lab/leaders"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/events"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -54,6 +55,9 @@ type Fan struct {
 
 	nc *nats.Conn
 	js jetstream.JetStream
+	// restoredAt is when the last Restore finished: Ready trusts only
+	// heartbeats stored after it.
+	restoredAt time.Time
 }
 
 // bus is a NATS connection from the control host, opened on first use.
@@ -104,6 +108,7 @@ func (f *Fan) Fault(ctx context.Context, s Scenario, node string) error {
 }
 
 func (f *Fan) Restore(ctx context.Context, s Scenario, node string) error {
+	defer func() { f.restoredAt = time.Now() }()
 	switch s {
 	case PBXDeath:
 		return f.St.ThawPBX(ctx, node)
@@ -113,6 +118,35 @@ func (f *Fan) Restore(ctx context.Context, s Scenario, node string) error {
 		return f.St.Lab.LinkUp(node)
 	}
 	return fmt.Errorf("unknown scenario %q", s)
+}
+
+// peersReachEachOther reports whether every node's last heartbeat, stored
+// since the last Restore, has each of its peer checks up. A node back from
+// a cut link still has its peer checks down until rise probes answer; a
+// fault on the other node before that would find the peer's verdict given
+// in advance and measure a failover decided on the silence alone.
+func (f *Fan) peersReachEachOther(ctx context.Context, js jetstream.JetStream) bool {
+	st, err := js.Stream(ctx, events.LiveStream)
+	if err != nil {
+		return false
+	}
+	for _, n := range f.St.Lab.Nodes() {
+		m, err := st.GetLastMsgForSubject(ctx, events.HeartbeatSubject(f.St.Cluster(), n.Name))
+		if err != nil || m.Time.Before(f.restoredAt) {
+			return false
+		}
+		_, p, err := events.DecodeFrom(m.Subject, m.Data)
+		hb, ok := p.(*events.NodeHeartbeat)
+		if err != nil || !ok {
+			return false
+		}
+		for _, c := range hb.Checks {
+			if c.Role == events.RolePeer && c.Health != events.HealthUp {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // Ready reports whether the arbiter sees node healthy and on the bus again,
@@ -126,14 +160,14 @@ func (f *Fan) Ready(ctx context.Context, node string) bool {
 	if !ok || ns.Health != "up" || ns.Silent || !oneHolderBesides(ctx, f.St.Lab, node) {
 		return false
 	}
+	_, js, err := f.bus()
+	if err != nil || !f.peersReachEachOther(ctx, js) {
+		return false
+	}
 	if len(f.St.NATSHosts()) == 1 {
 		return true
 	}
 	// The next crash must find every raft group able to lose a server.
-	_, js, err := f.bus()
-	if err != nil {
-		return false
-	}
 	gs2, err := leaders.List(ctx, js)
 	return err == nil && leaders.Settled(gs2)
 }

@@ -119,7 +119,8 @@ const (
 // arbiter has what it needs to replace it: the node silent (its presence
 // beacons missed) and its peer's SIP checks of it failed fall times in a row
 // (the first failing check starts within one interval of the cut and each
-// times out). The later of the two decides: 750 ms.
+// times out; the deciding one's decisive_margin may end it sooner, never
+// later). The later of the two decides: 750 ms.
 const holderGoneEvidence = max(presenceMisses*presenceInterval+presenceGrace,
 	peerInterval+(peerFall-1)*peerInterval+peerTimeout)
 

@@ -40,6 +40,9 @@ checks:
     address: {{$addr}}:5060
     interval: {{$.PeerInterval}}
     timeout: {{$.PeerTimeout}}
+{{- if $.PeerDecisiveMargin}}
+    decisive_margin: {{$.PeerDecisiveMargin}}
+{{- end}}
     rise: {{$.Rise}}
     fall: {{$.Fall}}
 {{- end}}{{end}}

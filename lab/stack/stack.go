@@ -43,8 +43,10 @@ type Options struct {
 	// Check timing of the PBX checks: interval × fall is the detection budget.
 	Interval, Timeout time.Duration
 	// PeerInterval and PeerTimeout time each node's probes of its peers'
-	// PBX, the evidence that tells a dead node from one cut off the bus.
-	PeerInterval, PeerTimeout time.Duration
+	// PBX, the evidence that tells a dead node from one cut off the bus;
+	// PeerDecisiveMargin, when set, is their decisive_margin (negative:
+	// off).
+	PeerInterval, PeerTimeout, PeerDecisiveMargin time.Duration
 	// PresenceInterval is the prober's presence beacon period; the arbiter
 	// counts a node silent after 3 missed beacons.
 	PresenceInterval time.Duration
@@ -195,8 +197,8 @@ func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 		"VIP": l.FloatingIP().String(), "AMIAddr": amiAddr, "AMIUser": amiUser, "AMISecret": amiSecret,
 		"Interval": o.Interval.String(), "Timeout": o.Timeout.String(), "Rise": o.Rise, "Fall": o.Fall,
 		"PeerInterval": o.PeerInterval.String(), "PeerTimeout": o.PeerTimeout.String(), "Dir": s.dir,
-		"PresenceInterval": o.PresenceInterval.String(), "MaxMovesPerHour": o.MaxMovesPerHour,
-		"PresenceGrace": durOrEmpty(o.PresenceGrace), "ArbiterTick": durOrEmpty(o.ArbiterTick),
+		"PeerDecisiveMargin": durOrEmpty(o.PeerDecisiveMargin), "PresenceInterval": o.PresenceInterval.String(),
+		"MaxMovesPerHour": o.MaxMovesPerHour, "PresenceGrace": durOrEmpty(o.PresenceGrace), "ArbiterTick": durOrEmpty(o.ArbiterTick),
 	}
 	for _, n := range nodes {
 		if err := s.StartNode(ctx, n.Name); err != nil {

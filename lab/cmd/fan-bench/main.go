@@ -52,6 +52,10 @@ import (
 // runs fan at keepalived's budget uses it.
 var peerTimeout = flag.Duration("peer-timeout", 0, "with keepalived's budget: fan's peer-probe timeout (0: 4/5 of the advert interval); a timed-out probe is one of the fall misses, so on a cut link the peers' verdict comes (fall-1) intervals plus this after the first lost probe")
 
+// peerMargin is fan's decisive_margin for the peer checks at keepalived's
+// budget.
+var peerMargin = flag.Duration("peer-margin", 0, "with keepalived's budget: the peer checks' decisive_margin (0: 1/5 of the advert interval, as the presence grace; negative: off, every probe waits its timeout)")
+
 // version is set by the Makefile (-X main.version), as for fan's services.
 var version = "dev"
 
@@ -394,8 +398,13 @@ func fanOptions(bin string, log *slog.Logger, advert float64, fall int) stack.Op
 	}
 	// Silence is 3 missed beacons, as keepalived's master-down is 3 missed
 	// adverts (plus its skew); a small grace and a fine tick keep the
-	// arbiter from adding more than keepalived's skew on top.
-	return stack.Options{BinDir: bin, Log: log, Fall: fall, PeerInterval: every, PeerTimeout: timeout, PresenceInterval: every,
+	// arbiter from adding more than keepalived's skew on top. The peers'
+	// verdict gets the same margin after their third unanswered probe.
+	margin := *peerMargin
+	if margin == 0 {
+		margin = every / 5
+	}
+	return stack.Options{BinDir: bin, Log: log, Fall: fall, PeerInterval: every, PeerTimeout: timeout, PeerDecisiveMargin: margin, PresenceInterval: every,
 		PresenceGrace: every / 5, ArbiterTick: 10 * time.Millisecond,
 		MaxMovesPerHour: -1} // every cycle is a justified move: the flap cap would freeze the group
 }
