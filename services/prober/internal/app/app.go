@@ -218,16 +218,23 @@ func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c che
 		s.last[cc.Name] = ev
 		s.gmu.Unlock()
 		if trn, ok := tr.Observe(ev); ok {
-			id := s.publishTransition(ctx, b, log, cc, trn, r, resultID)
+			id := s.publishTransition(ctx, b, log, cc, trn, r, resultID, wait)
 			s.publishGroups(ctx, b, cc.Name, trn.To, id)
 		}
 	}
 }
 
-func (s *Service) publishTransition(ctx context.Context, b *bus.Outbox, log *slog.Logger, cc CheckConfig, trn health.Transition, r check.Result, resultID string) string {
+// publishTransition stores trn; waited is how long its last run was given.
+func (s *Service) publishTransition(ctx context.Context, b *bus.Outbox, log *slog.Logger, cc CheckConfig, trn health.Transition, r check.Result, resultID string, waited time.Duration) string {
 	reason := fmt.Sprintf("%d consecutive successes (rise %d)", trn.Consecutive, cc.Rise)
 	if trn.To == events.HealthDown {
 		reason = fmt.Sprintf("%d consecutive failures (fall %d): %v", trn.Consecutive, cc.Fall, r.Err)
+		if waited < cc.Timeout.D() {
+			// Whoever explains a move must see that the last run was not
+			// given the whole timeout, and why.
+			reason += fmt.Sprintf("; the deciding run waited %v (the answers' round trip + decisive_margin), not the %v timeout",
+				waited.Round(100*time.Microsecond), cc.Timeout.D())
+		}
 	}
 	ht := events.HealthTransition{Check: cc.Name, TargetNode: cc.TargetNode, Role: cc.Role, From: trn.From, To: trn.To,
 		Reason: reason, Consecutive: trn.Consecutive, Rise: cc.Rise, Fall: cc.Fall, Evidence: trn.Evidence}

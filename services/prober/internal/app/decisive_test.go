@@ -64,6 +64,12 @@ func (s *sipUDP) dropNext(n int) {
 }
 
 func (s *sipUDP) dropping(req []byte) bool {
+	s.mu.Lock()
+	none := s.drop == 0 && len(s.dropped) == 0
+	s.mu.Unlock()
+	if none {
+		return false // the benchmark's path: no parsing
+	}
 	var callID string
 	for _, l := range strings.Split(string(req), "\r\n") {
 		if name, v, ok := strings.Cut(l, ":"); ok && strings.EqualFold(name, "call-id") {
@@ -116,6 +122,9 @@ func TestDecisiveRunWaitsTheMarginNotTheTimeout(t *testing.T) {
 			down, _ := h.next(t, 5*time.Second)
 			if down == nil || down.To != events.HealthDown || len(down.Evidence) != fall {
 				t.Fatalf("silent target: %+v, want down with %d results", down, fall)
+			}
+			if said := strings.Contains(down.Reason, "decisive_margin"); said != tc.hurried {
+				t.Fatalf("reason %q: mentions the shortened wait %v, want %v", down.Reason, said, tc.hurried)
 			}
 			// Timer and scheduling delays only lengthen a run, so the bounds
 			// below hold on a loaded machine: the runs that waited the
