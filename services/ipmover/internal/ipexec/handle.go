@@ -348,9 +348,19 @@ func (s *Service) Holding(ip netip.Addr) (conflict.Claim, bool) {
 	return conflict.Claim{}, false
 }
 
-// Yield implements conflict.Holdings.
+// Yield implements conflict.Holdings. A yield on a claim that could not be
+// confirmed may give up an address the arbiter still names this node the
+// holder of: its state was unreadable for a moment, as while a server
+// rejoins the cluster. The arbiter, seeing its holder healthy, sends
+// nothing, so nothing else would take the address back (a colocated chaos
+// run left the phones without it for two minutes). A re-sync does once the
+// state reads again, and leaves the group released if the arbiter names
+// another holder.
 func (s *Service) Yield(ctx context.Context, group string) error {
-	return s.release(ctx, group, nil)
+	err := s.release(ctx, group, nil)
+	why := "address conflict: yielded " + group
+	s.resyncLater(why, why+"; re-syncing to take it back if the arbiter still names this node holder")
+	return err
 }
 
 // Reassert implements conflict.Holdings.

@@ -92,6 +92,12 @@ func (h *harness) start(cfg Config) *Service {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
+	return h.run(cfg)
+}
+
+// run is start without the validation, for a test that must set a value
+// the configuration refuses.
+func (h *harness) run(cfg Config) *Service {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	s := New(cfg, log, "test")
 	if h.lan != nil {

@@ -33,7 +33,14 @@ func (s *Service) resyncOrRetry(ctx context.Context, why string) {
 	if ctx.Err() != nil {
 		return
 	}
-	s.conds.Raise(condResyncIncomplete, why+": "+err.Error())
+	s.resyncLater(why, why+": "+err.Error())
+}
+
+// resyncLater raises resync_incomplete (saying detail) and has
+// runResyncRetries re-sync soon (resyncRetryMin), then with backoff until
+// one completes.
+func (s *Service) resyncLater(why, detail string) {
+	s.conds.Raise(condResyncIncomplete, detail)
 	select {
 	case s.resyncRetry <- why:
 	default: // a retry is already due
