@@ -27,20 +27,8 @@ func TestYieldWithoutConfirmationIsUndoneWhileTheArbiterNamesThisNode(t *testing
 	// "unreadable" to the conflict watch, and to it alone.
 	cfg.Conflict.ConfirmTimeout = config.Duration(time.Nanosecond)
 	h.run(cfg)
-	h.PutStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Holder: "n1", Epoch: 1}, "")
-	if r := h.Result(h.Send(1, claimCmd("n1", true, ""))); r.Outcome != events.OutcomeApplied {
-		t.Fatalf("claim: %s %s", r.Outcome, r.Error)
-	}
-
-	// A stale holder on n2 announces the address once with its own MAC.
-	link, err := announce.Open(netlabtest.LANInterface, slog.New(slog.DiscardHandler), announce.WithNamespace(h.lan.Hosts["n2"].Handle))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer link.Close()
-	if err := link.SendGARP(vip4.Addr(), false); err != nil {
-		t.Fatal(err)
-	}
+	h.placeOnN1()
+	h.staleAnnouncementFromN2()
 	_, p := h.WaitEvent("n1 yields, unconfirmed", func(_ events.Envelope, p events.Payload) bool {
 		c, ok := p.(*events.AddressConflict)
 		return ok && c.Node == "n1" && c.Action == events.ConflictYielded
@@ -66,20 +54,10 @@ func TestYieldWithoutConfirmationIsUndoneWhileTheArbiterNamesThisNode(t *testing
 func TestYieldStandsWhenTheArbiterNamesAnotherNode(t *testing.T) {
 	h := newHarness(t)
 	h.start(h.config("n1"))
-	h.PutStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Holder: "n1", Epoch: 1}, "")
-	if r := h.Result(h.Send(1, claimCmd("n1", true, ""))); r.Outcome != events.OutcomeApplied {
-		t.Fatalf("claim: %s %s", r.Outcome, r.Error)
-	}
+	h.placeOnN1()
 	// The arbiter has moved the group to n2 (its release to n1 lost).
 	h.PutStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Holder: "n2", Epoch: 2}, "")
-	link, err := announce.Open(netlabtest.LANInterface, slog.New(slog.DiscardHandler), announce.WithNamespace(h.lan.Hosts["n2"].Handle))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer link.Close()
-	if err := link.SendGARP(vip4.Addr(), false); err != nil {
-		t.Fatal(err)
-	}
+	h.staleAnnouncementFromN2()
 	h.WaitEvent("n1 yields to the holder the arbiter names", func(_ events.Envelope, p events.Payload) bool {
 		c, ok := p.(*events.AddressConflict)
 		return ok && c.Node == "n1" && c.Action == events.ConflictYielded && c.Holder == "n2"
@@ -91,5 +69,29 @@ func TestYieldStandsWhenTheArbiterNamesAnotherNode(t *testing.T) {
 			t.Fatal("n1 took the address back although the arbiter names n2")
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// placeOnN1 names n1 holder in the state bucket (epoch 1) and has its
+// ipmover apply the claim.
+func (h *harness) placeOnN1() {
+	h.t.Helper()
+	h.PutStatus(events.GroupStatus{Group: "pbx", Addresses: []string{vip4.String(), vip6.String()}, Holder: "n1", Epoch: 1}, "")
+	if r := h.Result(h.Send(1, claimCmd("n1", true, ""))); r.Outcome != events.OutcomeApplied {
+		h.t.Fatalf("claim: %s %s", r.Outcome, r.Error)
+	}
+}
+
+// staleAnnouncementFromN2 sends one gratuitous ARP for the address from
+// n2's MAC, as a holder that missed its release would.
+func (h *harness) staleAnnouncementFromN2() {
+	h.t.Helper()
+	link, err := announce.Open(netlabtest.LANInterface, slog.New(slog.DiscardHandler), announce.WithNamespace(h.lan.Hosts["n2"].Handle))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer link.Close()
+	if err := link.SendGARP(vip4.Addr(), false); err != nil {
+		h.t.Fatal(err)
 	}
 }

@@ -225,7 +225,7 @@ func (ch *CheckConfig) validateDecisiveMargin(key func(string) string) error {
 	case ch.DecisiveMargin == 0:
 		ch.DecisiveMargin = config.Duration(min(DefaultDecisiveMargin, ch.Timeout.D()))
 	case ch.DecisiveMargin < 0:
-		ch.DecisiveMargin = -1 // off: every run waits timeout
+		// off: every run waits timeout
 	case ch.DecisiveMargin.D() < time.Millisecond || ch.DecisiveMargin > ch.Timeout:
 		return config.Errf(key("decisive_margin"), "must be from 1ms to timeout %v (or negative: off), got %v", ch.Timeout, ch.DecisiveMargin)
 	}
