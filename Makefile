@@ -109,6 +109,7 @@ FUZZTIME ?= 30s
 FUZZMINIMIZETIME ?= 1s
 FUZZ_TARGETS := \
 	pkg/events:FuzzDecode \
+	pkg/events:FuzzContentRequest \
 	pkg/ami:FuzzReader \
 	pkg/sipoptions:FuzzParseMessage \
 	pkg/platform/config:FuzzParse \

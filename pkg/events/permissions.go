@@ -357,6 +357,11 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(streamRead(kvStream(StateBucket))...)
 		pub(objectStoreUse(ReplBlobBucket)...)
 		pub(objectStoreUse(ReplManifestBucket)...)
+		// Direct transfer: it answers on its own node's content subject
+		// (through AllowResponses) and asks any peer of the cluster, which
+		// can read the same contents from the blob bucket anyway.
+		sub(ContentSubject(cl, id.Name))
+		pub(ContentSubject(cl, "*"))
 	case RoleScheduler:
 		pub(streamRead(EventsStream)...)
 		pub(streamRead(kvStream(StateBucket))...)

@@ -299,6 +299,26 @@ func TestGeneratedConfigEnforced(t *testing.T) {
 		t.Fatalf("replicator deletes an object: %v", err)
 	}
 
+	// Direct transfer: n2's replicator answers content requests on its
+	// own subject, and n1's asks it (the answer through allow_responses,
+	// to n1's private inbox).
+	serving := connectRaw(t, c, out, "n2", "replicator")
+	if _, err := serving.nc.Subscribe(events.ContentSubject(c.Cluster, "n2"), func(m *nats.Msg) {
+		_ = m.Respond([]byte("content"))
+	}); err != nil {
+		t.Fatal(err)
+	}
+	_ = serving.nc.Flush()
+	asking := connectRaw(t, c, out, "n1", "replicator")
+	if m, err := asking.nc.Request(events.ContentSubject(c.Cluster, "n2"), []byte(`{}`), 5*time.Second); err != nil || string(m.Data) != "content" {
+		t.Fatalf("replicator@n1 asks n2's replicator for contents: %v", err)
+	}
+	pr.publish(t, "prober@n1 asks n2's replicator for voicemail", events.ContentSubject(c.Cluster, "n2"))
+	if _, err := asking.nc.SubscribeSync(events.ContentSubject(c.Cluster, "n2")); err != nil {
+		t.Fatal(err)
+	}
+	asking.refused(t, "replicator@n1 answers content requests meant for n2", events.ContentSubject(c.Cluster, "n2"))
+
 	// What each identity is refused.
 	pr.publish(t, "prober@n1 says n2 is down", events.HealthSubject(c.Cluster, "n2"))
 	pr.publish(t, "prober@n1 beacons for n2", events.BeaconSubject(c.Cluster, "n2"))

@@ -69,6 +69,11 @@ type Config struct {
 	Safety        SafetyConfig    `yaml:"safety"`
 	GCInterval    config.Duration `yaml:"gc_interval"`
 	GCGrace       config.Duration `yaml:"gc_grace"`
+	// DirectTransfer (default on): a pass's new contents beyond
+	// StorePassMiB are served by the holder to its peers over the bus
+	// instead of being stored.
+	DirectTransfer *bool `yaml:"direct_transfer"`
+	StorePassMiB   int   `yaml:"store_pass_mib"`
 }
 
 // DefaultTrees are replicated when the file names none.
@@ -181,6 +186,13 @@ func (c *Config) Validate() error {
 	}
 	if c.GCGrace == 0 {
 		c.GCGrace = config.Duration(time.Hour)
+	}
+	if c.DirectTransfer == nil {
+		on := true
+		c.DirectTransfer = &on
+	}
+	if c.StorePassMiB == 0 {
+		c.StorePassMiB = 64
 	}
 	names := map[string]bool{}
 	for i := range c.Trees {
@@ -309,6 +321,9 @@ func (s *Service) Run(ctx context.Context) error {
 			Workers: s.cfg.Workers, Owner: os.Geteuid() == 0,
 			GCInterval: s.cfg.GCInterval.D(), GCGrace: s.cfg.GCGrace.D(),
 			Conditions: rt.Conditions,
+		}
+		if *s.cfg.DirectTransfer {
+			ecfg.StorePassBytes = int64(s.cfg.StorePassMiB) << 20
 		}
 		for _, t := range s.cfg.Trees {
 			ex, _ := fstree.NewExcluder(t.Exclude)

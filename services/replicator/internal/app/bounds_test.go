@@ -27,6 +27,8 @@ func TestConfigBounds(t *testing.T) {
 		{Key: "gc_interval", Value: "-1s"},
 		{Key: "gc_grace", Value: "100000h"},
 		{Key: "workers", Value: -1},
+		{Key: "store_pass_mib", Value: -1},
+		{Key: "store_pass_mib", Value: 1 << 21},
 		{Key: "workers", Value: 1000000},
 		{Key: "safety.max_delete_share", Value: -0.5},
 		{Key: "safety.allow_deletes", Value: -1},

@@ -24,6 +24,7 @@ func (c *Config) validateBounds() error {
 		config.DurationOrZero("astdb.interval", c.AstDB.Interval.D(), 100*time.Millisecond, time.Hour),
 		config.CountIn("trees", len(c.Trees), 0, maxTrees),
 		config.CountIn("astdb.families", len(c.AstDB.Families), 0, maxFamilies),
+		config.IntIn("store_pass_mib", c.StorePassMiB, 0, 1<<20),
 	}
 	if c.Safety.AllowDeletes != nil {
 		errs = append(errs, config.IntIn("safety.allow_deletes", *c.Safety.AllowDeletes, 0, 1_000_000))

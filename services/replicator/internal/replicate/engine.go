@@ -20,6 +20,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/replicator/internal/astdb"
+	"github.com/fanpbx/fan/services/replicator/internal/direct"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
 	"github.com/prometheus/client_golang/prometheus"
@@ -80,6 +81,12 @@ type Config struct {
 	// Outbox, when set, carries every report (retried until the audit
 	// stream stores it); without it reports are published directly.
 	Outbox *bus.Outbox
+	// StorePassBytes turns on direct transfer: a source stores at most
+	// this many bytes of new contents of one pass in the object store and
+	// serves the rest to its peers itself (package direct); a target asks
+	// the holder for what the store lacks. 0 stores everything and serves
+	// nothing.
+	StorePassBytes int64
 }
 
 // The conditions the engine raises while it cannot read the group status
@@ -105,6 +112,9 @@ type Engine struct {
 	log   *slog.Logger
 	m     *metrics
 	trees map[string]*worker
+	// serve and fetch are the two ends of direct transfer (nil when off).
+	serve *direct.Server
+	fetch *direct.Client
 
 	roleMu sync.Mutex
 	role   role
@@ -134,6 +144,12 @@ func New(cfg Config, b *bus.Bus, st *store.Store, reg prometheus.Registerer, log
 	cfg.Conditions.Declare(CondSourceUnconfirmed, CondHolderUnconfirmed)
 	e := &Engine{cfg: cfg, bus: b, store: st, log: log, m: newMetrics(reg), trees: map[string]*worker{},
 		unconf: map[string]map[string]time.Time{}}
+	if cfg.StorePassBytes > 0 && b != nil && b.NC != nil {
+		e.serve = direct.NewServer(b.NC, cfg.Cluster, cfg.Group, cfg.Node, log, func(subject string, err error) {
+			b.Refuse(events.RefusalReason(err), subject, err)
+		}, e.m.direct.WithLabelValues("served"))
+		e.fetch = direct.NewClient(b.NC, cfg.Cluster, cfg.Group, e.m.direct.WithLabelValues("fetched"))
+	}
 	for _, t := range cfg.Trees {
 		if _, dup := e.trees[t.Name]; dup {
 			return nil, fmt.Errorf("tree %q configured twice", t.Name)
@@ -204,6 +220,9 @@ func (e *Engine) Run(ctx context.Context) error {
 		})
 	})
 	goRun(e.watchRole)
+	if e.serve != nil {
+		goRun(e.serve.Run)
+	}
 	if e.cfg.GCInterval > 0 {
 		goRun(e.gcLoop)
 	}

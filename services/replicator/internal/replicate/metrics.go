@@ -12,6 +12,7 @@ type metrics struct {
 	bytes     *prometheus.CounterVec
 	conflicts *prometheus.CounterVec
 	valve     *prometheus.CounterVec
+	direct    *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -34,9 +35,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Local files a target preserved before replication replaced them."}, []string{"tree"}),
 		valve: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fan_replicator_safety_valve_trips_total",
 			Help: "Passes refused because they would delete too much."}, []string{"tree"}),
+		direct: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "fan_replicator_direct_bytes_total",
+			Help: "Content bytes sent to peers (served) or received from the holder (fetched) by direct transfer, outside the object store."}, []string{"role"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.lag, m.caughtUp, m.source, m.passes, m.duration, m.files, m.bytes, m.conflicts, m.valve)
+		reg.MustRegister(m.lag, m.caughtUp, m.source, m.passes, m.duration, m.files, m.bytes, m.conflicts, m.valve, m.direct)
 	}
 	return m
 }

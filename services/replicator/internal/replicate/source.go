@@ -44,6 +44,103 @@ type source struct {
 	// progressFiles: how many files the last one listed.
 	progressOut   bool
 	progressFiles int
+	// room is what the current pass may still store (direct transfer).
+	room storeRoom
+	// resend: a peer reported contents missing, so the next pass uploads
+	// them and publishes again even if the tree did not change (the
+	// manifest it has is the one it cannot complete).
+	resend bool
+}
+
+// storeRoom is how many bytes of new contents a pass may still store in
+// the object store before it leaves the rest to direct transfer; which
+// contents were left to it (a later pass neither looks them up nor stores
+// them: the targets have them, or fetch them from this node); and the
+// contents a target could not fetch directly, which are stored whatever
+// the room. The sender's goroutine and the worker's both ask it.
+type storeRoom struct {
+	mu        sync.Mutex
+	unbounded bool
+	left      int64
+	served    map[string]bool
+	must      map[string]bool
+}
+
+// reset starts a pass with limit bytes (0: every content is stored).
+func (r *storeRoom) reset(limit int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.unbounded, r.left = limit <= 0, limit
+}
+
+// forget starts a tenure: nothing is known to have been served.
+func (r *storeRoom) forget() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.served, r.must = nil, nil
+}
+
+// skip says whether hash was left to direct transfer and is not wanted
+// in the store: not worth a look-up.
+func (r *storeRoom) skip(hash string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.served[hash] && !r.must[hash]
+}
+
+// take says whether e's content is to be stored, and counts it.
+func (r *storeRoom) take(e fstree.Entry) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.must[e.Hash]:
+		delete(r.must, e.Hash)
+		delete(r.served, e.Hash)
+		return true
+	case r.served[e.Hash]:
+		return false
+	case r.unbounded:
+		return true
+	case e.Size > r.left:
+		r.left = 0 // in order: the rest of the pass goes direct
+		if r.served == nil {
+			r.served = map[string]bool{}
+		}
+		r.served[e.Hash] = true
+		return false
+	}
+	r.left -= e.Size
+	return true
+}
+
+// keep forgets served contents no longer in entries.
+func (r *storeRoom) keep(entries []fstree.Entry) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.served) == 0 {
+		return
+	}
+	in := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		in[e.Hash] = true
+	}
+	for h := range r.served {
+		if !in[h] {
+			delete(r.served, h)
+		}
+	}
+}
+
+// mustStore marks contents a target could not fetch from this node.
+func (r *storeRoom) mustStore(hashes []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.must == nil {
+		r.must = map[string]bool{}
+	}
+	for _, h := range hashes {
+		r.must[h] = true
+	}
 }
 
 func newSource(sh *shared) *source { return &source{shared: sh, peers: map[string]peerState{}} }
@@ -64,6 +161,7 @@ func (w *source) start(ctx context.Context) {
 	w.log.Info("source of the tree", "epoch", w.role.Epoch)
 	w.peers = map[string]peerState{}
 	w.recent = nil
+	w.room.forget()
 	w.changedAt, w.dirty = time.Now(), true
 	w.pass(ctx, true)
 }
@@ -71,6 +169,9 @@ func (w *source) start(ctx context.Context) {
 // stop ends a tenure as source: its peers' lag and caught-up gauges go.
 func (w *source) stop() {
 	w.log.Info("no longer source", "holder", w.role.Holder, "epoch", w.role.Epoch)
+	if w.e.serve != nil {
+		w.e.serve.Withdraw(w.t.Name)
+	}
 	w.e.m.caughtUp.DeletePartialMatch(map[string]string{"tree": w.t.Name})
 	w.e.m.lag.DeletePartialMatch(map[string]string{"tree": w.t.Name})
 }
@@ -91,6 +192,11 @@ func (w *source) read(ctx context.Context, snd *sender) ([]fstree.Entry, error) 
 	if err != nil {
 		return nil, err
 	}
+	if w.e.serve != nil {
+		// Before anything is published: targets ask for what the store
+		// will not hold as soon as they read the manifest.
+		w.e.serve.Serve(w.t.Name, w.sc.OpenFile, res.Entries)
+	}
 	if res.Unsettled > 0 {
 		// Files still being written: publish what was read, look again.
 		w.dirty = true
@@ -105,10 +211,13 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 	start := time.Now()
 	epoch := w.role.Epoch
 	changedAt := w.changedAt
+	force = force || w.resend
+	w.resend = false
 	if changedAt.IsZero() {
 		changedAt = start
 	}
 	w.dirty = false
+	w.room.reset(w.e.cfg.StorePassBytes)
 	var snd *sender
 	if !w.t.isAstDB() {
 		snd = w.newSender(ctx)
@@ -153,6 +262,7 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 		}
 	}
 	files, bytes, err := w.upload(ctx, entries, progress, snd)
+	w.room.keep(entries)
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("upload failed", "err", err)
@@ -284,7 +394,7 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 	var todo []fstree.Entry
 	seen := map[string]bool{}
 	for _, e := range entries {
-		if e.Kind == fstree.KindFile && !seen[e.Hash] && !w.e.store.Has(e.Hash) {
+		if e.Kind == fstree.KindFile && !seen[e.Hash] && !w.e.store.Has(e.Hash) && !w.room.skip(e.Hash) {
 			seen[e.Hash] = true
 			todo = append(todo, e)
 		}
@@ -300,7 +410,7 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 	if err := w.e.store.Lookup(ctx, hashes); err != nil {
 		return files, bytes, err
 	}
-	todo = slices.DeleteFunc(todo, func(e fstree.Entry) bool { return w.e.store.Has(e.Hash) })
+	todo = slices.DeleteFunc(todo, func(e fstree.Entry) bool { return w.e.store.Has(e.Hash) || !w.room.take(e) })
 	// Uploads mostly wait on the bus: twice as many as hash.
 	workers := 2 * max(w.e.cfg.Workers, 1)
 	var mu sync.Mutex
@@ -376,9 +486,12 @@ func (w *source) onAck(ctx context.Context, am ackMsg) {
 	for _, h := range a.Missing {
 		w.e.store.Forget(h)
 	}
+	// Whether the store lost them or this node could not serve them, the
+	// next pass stores them.
+	w.room.mustStore(a.Missing)
 	if len(a.Missing) > 0 {
 		w.log.Warn("peer lacks contents; sending them again", "peer", a.Node, "missing", len(a.Missing))
-		w.dirty = true
+		w.dirty, w.resend = true, true
 		nudgeTime(w.fsCh, time.Now())
 	}
 	caught := a.Error == "" && a.Generation == latest.m.Generation && !w.dirty
@@ -565,7 +678,7 @@ func (s *sender) run() {
 		}
 		var hashes []string
 		for _, f := range group {
-			if !seen[f.e.Hash] && !st.Has(f.e.Hash) {
+			if !seen[f.e.Hash] && !st.Has(f.e.Hash) && !s.w.room.skip(f.e.Hash) {
 				hashes = append(hashes, f.e.Hash)
 			}
 		}
@@ -582,6 +695,10 @@ func (s *sender) run() {
 				continue
 			}
 			seen[f.e.Hash] = true
+			if !s.w.room.take(f.e) {
+				s.release([]hashedFile{f}) // served directly
+				continue
+			}
 			work <- f
 		}
 	}

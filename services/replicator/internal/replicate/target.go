@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"path/filepath"
 	"time"
 
@@ -110,7 +111,7 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 		cancel()
 		res.Files, res.Deleted = ar.Put, ar.Deleted
 	} else {
-		res, err = fstree.Apply(ctx, w.sc, m.Entries, w.applyOptions(start, false))
+		res, err = fstree.Apply(ctx, w.sc, m.Entries, w.applyOptions(m, start, false))
 	}
 	if ctx.Err() != nil {
 		return true
@@ -167,16 +168,63 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 	return err == nil || valve != nil
 }
 
-// applyOptions are the tree's options for an apply started at now.
-func (w *target) applyOptions(now time.Time, partial bool) fstree.ApplyOptions {
+// applyOptions are the tree's options for an apply of m started at now.
+func (w *target) applyOptions(m *fstree.Manifest, now time.Time, partial bool) fstree.ApplyOptions {
+	prefetch := w.e.store.Prefetch
+	if w.e.fetch != nil {
+		prefetch = w.storeThenHolder(m)
+	}
 	return fstree.ApplyOptions{
-		Exclude: w.t.Exclude, Fetch: w.e.store.Get, Prefetch: w.e.store.Prefetch, Known: w.known,
+		Exclude: w.t.Exclude, Fetch: w.e.store.Get, Prefetch: prefetch, Known: w.known,
 		ConflictDir:    filepath.Join(w.e.cfg.StateDir, "conflicts", w.e.cfg.Group, w.t.Name),
 		MaxDeleteShare: w.e.cfg.MaxDeleteShare, AllowDeletes: w.e.cfg.AllowDeletes,
 		Owner: w.e.cfg.Owner, Workers: w.e.cfg.Workers, Now: now, Partial: partial,
 		AllowOutsideSymlinks: w.t.Policy.AllowOutsideSymlinks,
 		PreserveOwner:        w.t.Policy.PreserveOwner,
 		PreserveSpecialBits:  w.t.Policy.PreserveSpecialBits,
+	}
+}
+
+// storeThenHolder fetches each content from the object store if it holds
+// it, and from m's node (the holder) otherwise: the store is replicated and
+// costs the holder nothing, so only what a pass left out of it (direct
+// transfer) or what went missing from it is asked of the holder.
+func (w *target) storeThenHolder(m *fstree.Manifest) func(ctx context.Context, hashes []string) fstree.Fetcher {
+	return func(ctx context.Context, hashes []string) fstree.Fetcher {
+		st := w.e.store
+		if err := st.Lookup(ctx, hashes); err != nil {
+			// Unknown: the store first, the holder for what it lacks.
+			w.log.Debug("content look-up failed", "err", err)
+		}
+		sizes := make(map[string]int64, len(hashes))
+		for _, e := range m.Entries {
+			if e.Kind == fstree.KindFile {
+				sizes[e.Hash] = e.Size
+			}
+		}
+		var stored, served []string
+		fromHolder := map[string]bool{}
+		for _, h := range hashes {
+			if st.Has(h) {
+				stored = append(stored, h)
+			} else {
+				served = append(served, h)
+				fromHolder[h] = true
+			}
+		}
+		fromStore := st.Prefetch(ctx, stored)
+		holder := w.e.fetch.Prefetch(ctx, m.Node, w.t.Name, sizes, served)
+		return func(ctx context.Context, hash string) (io.ReadCloser, error) {
+			if fromHolder[hash] {
+				return holder(ctx, hash)
+			}
+			rc, err := fromStore(ctx, hash)
+			if errors.Is(err, fstree.ErrMissingContent) {
+				// Gone from the store (collected, or never there).
+				return holder(ctx, hash)
+			}
+			return rc, err
+		}
 	}
 }
 
@@ -215,7 +263,7 @@ func (w *target) applyProgress(ctx context.Context, floor uint64) {
 	}
 	w.progressGen = p.Generation
 	start := time.Now()
-	res, err := fstree.Apply(ctx, w.sc, p.Entries, w.applyOptions(start, true))
+	res, err := fstree.Apply(ctx, w.sc, p.Entries, w.applyOptions(p, start, true))
 	if ctx.Err() != nil {
 		return
 	}

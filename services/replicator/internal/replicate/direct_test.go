@@ -1,0 +1,112 @@
+package replicate_test
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/services/replicator/internal/replicate"
+)
+
+func hashOf(b []byte) string {
+	s := sha256.Sum256(b)
+	return hex.EncodeToString(s[:])
+}
+
+// directTree writes a spool whose first pass is larger than the room a
+// pass has in the store: small messages, then two recordings larger than
+// one answer. It returns the contents by name.
+func directTree(t *testing.T, root string) map[string][]byte {
+	files := map[string][]byte{}
+	for i := range 30 {
+		files[fmt.Sprintf("default/%d/INBOX/msg%04d.txt", i%3, i)] = random(4 << 10)
+	}
+	files["default/0/INBOX/msg0100.wav"] = random(3<<20 + 777)
+	files["default/1/INBOX/msg0101.wav"] = random(2<<20 + 5)
+	for rel, data := range files {
+		write(t, root, rel, data)
+	}
+	return files
+}
+
+// TestDirectTransferOfALargePass: a first sync larger than store_pass
+// stores only its first part in the bus; the target fetches the rest from
+// the holder and confirms the whole tree. A later small change goes
+// through the store as before.
+func TestDirectTransferOfALargePass(t *testing.T) {
+	l := newLab(t)
+	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
+	files := directTree(t, n1.root)
+	room := func(c *replicate.Config) { c.StorePassBytes = 64 << 10 }
+	mark := l.mark()
+	l.start(n1, room)
+	l.start(n2, room)
+	l.setHolder("n1", 1)
+	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
+	if err := same(n1.root, n2.root); err != nil {
+		t.Fatalf("after the first sync: %v", err)
+	}
+	st := l.holderStore()
+	var hashes []string
+	for _, data := range files {
+		hashes = append(hashes, hashOf(data))
+	}
+	if err := st.Lookup(l.ctx, hashes); err != nil {
+		t.Fatal(err)
+	}
+	var stored int
+	for _, h := range hashes {
+		if st.Has(h) {
+			stored++
+		}
+	}
+	if stored == 0 || stored == len(hashes) {
+		t.Fatalf("%d of %d contents stored: want the pass's first part stored and the rest served", stored, len(hashes))
+	}
+	for _, rel := range []string{"default/0/INBOX/msg0100.wav", "default/1/INBOX/msg0101.wav"} {
+		if st.Has(hashOf(files[rel])) {
+			t.Errorf("%s stored, though the pass's room was used up before it", rel)
+		}
+	}
+	t.Logf("%d of %d contents stored, the rest fetched from the holder", stored, len(hashes))
+
+	// A new message fits the room: stored, and fetched from the store.
+	mark = l.mark()
+	msg := random(8 << 10)
+	write(t, n1.root, "default/2/INBOX/msg0200.txt", msg)
+	l.eventually("the new message on n2", 20*time.Second, func() error {
+		return same(n1.root, n2.root)
+	})
+	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
+	if err := st.Lookup(l.ctx, []string{hashOf(msg)}); err != nil || !st.Has(hashOf(msg)) {
+		t.Errorf("a small change was not stored (%v)", err)
+	}
+}
+
+// TestTargetWithoutDirectTransferGetsEverythingFromTheStore: a target
+// that does not fetch directly (direct_transfer off, or a release from
+// before it) finds part of the pass missing from the store; its
+// confirmation lists what it lacks, the holder stores exactly that, and
+// the target catches up from the store.
+func TestTargetWithoutDirectTransferGetsEverythingFromTheStore(t *testing.T) {
+	l := newLab(t)
+	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
+	directTree(t, n1.root)
+	mark := l.mark()
+	l.start(n1, func(c *replicate.Config) { c.StorePassBytes = 64 << 10 })
+	l.start(n2)
+	l.setHolder("n1", 1)
+	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
+	if err := same(n1.root, n2.root); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
+		a, ok := p.(*events.ReplicationApplied)
+		return ok && a.Node == "n2" && len(a.Missing) > 0
+	}); i < 0 {
+		t.Error("n2 caught up without ever reporting missing contents: the holder stored the whole pass")
+	}
+}
