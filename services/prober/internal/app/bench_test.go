@@ -57,6 +57,9 @@ var proberWindow = flag.Duration("prober.window", 10*time.Second, "measured wind
 func BenchmarkProber200Checks(b *testing.B) {
 	const interval = 200 * time.Millisecond
 	window := *proberWindow
+	// First, with nothing else started: what one loopback round trip costs
+	// this machine, so that figures from different machines compare.
+	calib := udpRoundTripCPU(b, 20000)
 	dir := b.TempDir()
 	bin := filepath.Join(dir, "fan-prober")
 	build := []string{"build", "-o", bin}
@@ -206,6 +209,11 @@ func BenchmarkProber200Checks(b *testing.B) {
 		b.ReportMetric(switches, "ctx_switches/s")
 		fmt.Printf("checks=%d interval_ms=%d cpu_pct_of_one_core=%.2f rss_mib=%.1f (ctx_switches_per_s=%.0f events_per_s=%.1f results_per_s=%.1f; peers and bus, not counted: %.2f)\n",
 			total, interval.Milliseconds(), cpu, rss, switches, evs, res, peers)
+		// The machine's yardstick: a probe's CPU in loopback UDP round
+		// trips (both ends, as the calibration measures them). It moves
+		// with the prober's code, much less with the VM it runs on.
+		perProbe := cpu / 100 * 1e6 / (float64(total) / interval.Seconds())
+		fmt.Printf("calib_udp_rtt_cpu_us=%.1f cpu_us_per_probe=%.1f probe_cost_rtts=%.2f\n", calib, perProbe, perProbe/calib)
 		if pprofAddr != "" {
 			for range 2 {
 				if err := <-profiled; err != nil {
@@ -214,6 +222,51 @@ func BenchmarkProber200Checks(b *testing.B) {
 			}
 		}
 	}
+}
+
+// udpRoundTripCPU is the CPU, in microseconds, that this process spends
+// on one loopback UDP round trip (a datagram out, echoed back by a
+// goroutine, read), over n of them: the machine's price of the simplest
+// probe, measured with the same counter as the prober's CPU.
+func udpRoundTripCPU(b *testing.B, n int) float64 {
+	echo, err := net.ListenUDP("udp", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		buf := make([]byte, 512)
+		for {
+			m, from, err := echo.ReadFromUDPAddrPort(buf)
+			if err != nil {
+				return
+			}
+			_, _ = echo.WriteToUDPAddrPort(buf[:m], from)
+		}
+	}()
+	c, err := net.DialUDP("udp", nil, echo.LocalAddr().(*net.UDPAddr))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	msg, buf := bytes.Repeat([]byte("x"), 300), make([]byte, 512)
+	roundTrip := func() {
+		if _, err := c.Write(msg); err != nil {
+			b.Fatal(err)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		if _, err := c.Read(buf); err != nil {
+			b.Fatal(err)
+		}
+	}
+	for range 1000 {
+		roundTrip() // warm up
+	}
+	c0 := procCPU(b, os.Getpid())
+	for range n {
+		roundTrip()
+	}
+	return float64((procCPU(b, os.Getpid()) - c0).Microseconds()) / float64(n)
 }
 
 func freeAddr(b *testing.B) string {

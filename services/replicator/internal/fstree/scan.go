@@ -11,6 +11,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"slices"
 	"sync"
 	"syscall"
 
@@ -72,6 +73,25 @@ const KeepMax = 128 << 10
 // and a small file is read once, not once to hash and again to send.
 // hashed may block: reading waits for it.
 func (s *Scanner) ScanEach(ctx context.Context, hashed func(e Entry, content []byte)) (ScanResult, error) {
+	return s.ScanHooked(ctx, ScanHooks{Hashed: hashed})
+}
+
+// ScanHooks are told of a scan's progress while it runs.
+type ScanHooks struct {
+	// Walked is called once, when the walk has listed the tree and before
+	// any file is read, with a copy of every entry found: files whose
+	// content the scanner's cache vouches for (unchanged since it last
+	// read them) carry their hash, the others none yet. A source can
+	// describe the tree's directories and unchanged files while the rest
+	// is still being read.
+	Walked func(entries []Entry)
+	// Hashed is ScanEach's hashed.
+	Hashed func(e Entry, content []byte)
+}
+
+// ScanHooked is ScanEach with every hook.
+func (s *Scanner) ScanHooked(ctx context.Context, hooks ScanHooks) (ScanResult, error) {
+	hashed := hooks.Hashed
 	st, err := os.Stat(s.Root)
 	if err != nil || !st.IsDir() {
 		if err == nil {
@@ -171,6 +191,9 @@ func (s *Scanner) ScanEach(ctx context.Context, hashed func(e Entry, content []b
 		return ScanResult{}, err
 	}
 
+	if hooks.Walked != nil {
+		hooks.Walked(slices.Clone(entries))
+	}
 	if beforeHash != nil {
 		beforeHash()
 	}

@@ -3,12 +3,16 @@ package replicate_test
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
+	"github.com/fanpbx/fan/services/replicator/internal/store"
 )
 
 func hashOf(b []byte) string {
@@ -108,5 +112,46 @@ func TestTargetWithoutDirectTransferGetsEverythingFromTheStore(t *testing.T) {
 		return ok && a.Node == "n2" && len(a.Missing) > 0
 	}); i < 0 {
 		t.Error("n2 caught up without ever reporting missing contents: the holder stored the whole pass")
+	}
+}
+
+// TestProgressWhileTheSourceStillReads: a target receives files of a
+// first sync while the holder is still reading the rest of its tree, that
+// is before any full manifest exists, from progress manifests published
+// during the scan (direct transfer serves what they list).
+func TestProgressWhileTheSourceStillReads(t *testing.T) {
+	replicate.SlowHashing(func() { time.Sleep(10 * time.Millisecond) })
+	t.Cleanup(func() { replicate.SlowHashing(nil) })
+	l := newLab(t)
+	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
+	for i := range 200 {
+		write(t, n1.root, fmt.Sprintf("default/%d/INBOX/msg%04d.txt", i%4, i), random(512))
+	}
+	st := l.holderStore()
+	mark := l.mark()
+	room := func(c *replicate.Config) { c.StorePassBytes = 1 } // everything served, nothing uploaded
+	l.start(n1, room)
+	l.start(n2, room)
+	l.setHolder("n1", 1)
+	name := events.ReplManifestName(cluster, group, "voicemail", "n1")
+	l.eventually("a file on n2 while n1 has no full manifest yet", 20*time.Second, func() error {
+		found := false
+		for i := range 200 {
+			if _, err := os.Stat(filepath.Join(n2.root, fmt.Sprintf("default/%d/INBOX/msg%04d.txt", i%4, i))); err == nil {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return fmt.Errorf("no file on n2 yet")
+		}
+		if _, err := st.GetManifest(l.ctx, name); !errors.Is(err, store.ErrNoManifest) {
+			t.Fatalf("the full manifest came first (%v): no progress while scanning", err)
+		}
+		return nil
+	})
+	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
+	if err := same(n1.root, n2.root); err != nil {
+		t.Fatal(err)
 	}
 }

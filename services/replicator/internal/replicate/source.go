@@ -177,18 +177,32 @@ func (w *source) stop() {
 }
 
 // read lists the tree as it is now; snd, when set, is handed every file
-// the scan reads, to send while the scan goes on.
-func (w *source) read(ctx context.Context, snd *sender) ([]fstree.Entry, error) {
+// the scan reads, to send while the scan goes on, and prog, when set, what
+// the scan has found so far.
+func (w *source) read(ctx context.Context, snd *sender, prog *scanProgress) ([]fstree.Entry, error) {
 	if w.t.isAstDB() {
 		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
 		return astdb.Read(actx, w.t.AMI, w.t.Families)
 	}
-	var hashed func(fstree.Entry, []byte)
-	if snd != nil {
-		hashed = snd.add
+	var hooks fstree.ScanHooks
+	if prog != nil {
+		hooks.Walked = prog.walked
 	}
-	res, err := w.sc.ScanEach(ctx, hashed)
+	if snd != nil || prog != nil {
+		hooks.Hashed = func(e fstree.Entry, content []byte) {
+			if slowHashing != nil {
+				slowHashing()
+			}
+			if prog != nil {
+				prog.hashed(e)
+			}
+			if snd != nil {
+				snd.add(e, content)
+			}
+		}
+	}
+	res, err := w.sc.ScanHooked(ctx, hooks)
 	if err != nil {
 		return nil, err
 	}
@@ -218,12 +232,17 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 	}
 	w.dirty = false
 	w.room.reset(w.e.cfg.StorePassBytes)
+	w.progressFiles = -1
 	var snd *sender
+	var prog *scanProgress
 	if !w.t.isAstDB() {
 		snd = w.newSender(ctx)
 		defer snd.stop()
+		prog = &scanProgress{}
 	}
-	entries, err := w.read(ctx, snd)
+	stopProgress := w.progressWhileScanning(ctx, epoch, start, changedAt, prog)
+	entries, err := w.read(ctx, snd, prog)
+	stopProgress()
 	if err != nil {
 		if ctx.Err() != nil {
 			return true
@@ -257,7 +276,7 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 	}
 
 	progress := func() {
-		if err := w.publishProgress(ctx, epoch, entries, start, changedAt); err != nil && ctx.Err() == nil {
+		if err := w.publishProgress(ctx, epoch, entries, start, changedAt, w.available()); err != nil && ctx.Err() == nil {
 			w.log.Debug("progress manifest not published", "err", err)
 		}
 	}
@@ -330,18 +349,123 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 	return true
 }
 
-// progressEvery: during an upload longer than this, a progress manifest
-// (what is stored so far) is published this often, so targets fetch while
-// the source still uploads instead of after it.
+// progressEvery: during a scan or an upload longer than this, a progress
+// manifest (what a target can have so far) is published this often, so
+// targets fetch while the source still reads and uploads instead of after.
 const progressEvery = time.Second
 
+// slowHashing, when set by a test, runs as each file's hash is known: a
+// scan long enough to publish progress without a gigabyte to read.
+var slowHashing func()
+
+// available says which contents a target can already have: those in the
+// bucket, and with direct transfer every content this node scanned (it
+// serves them).
+func (w *source) available() func(hash string) bool {
+	if w.e.serve != nil {
+		return func(string) bool { return true }
+	}
+	return w.e.store.Has
+}
+
+// scanProgress is what a scan has found so far: the entries its walk
+// listed and the files read since. The scan's readers add to it while the
+// worker's progress goroutine reads it.
+type scanProgress struct {
+	mu     sync.Mutex
+	listed []fstree.Entry
+	read   map[string]fstree.Entry
+}
+
+func (p *scanProgress) walked(es []fstree.Entry) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.listed = es
+}
+
+func (p *scanProgress) hashed(e fstree.Entry) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.read == nil {
+		p.read = map[string]fstree.Entry{}
+	}
+	p.read[e.Path] = e
+}
+
+// part is the tree as far as it is known: every directory and symlink
+// listed, and every file whose hash is known (from the scanner's cache or
+// read since); nil while nothing was read (a pass that reads nothing
+// publishes no progress).
+func (p *scanProgress) part() []fstree.Entry {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.read) == 0 {
+		return nil
+	}
+	out := make([]fstree.Entry, 0, len(p.listed))
+	for _, e := range p.listed {
+		if e.Kind == fstree.KindFile {
+			if r, ok := p.read[e.Path]; ok {
+				e = r
+			} else if e.Hash == "" {
+				continue
+			}
+		}
+		out = append(out, e)
+	}
+	fstree.Sort(out)
+	return out
+}
+
+// progressWhileScanning publishes progress manifests while the scan still
+// reads files (first after progressEvery/4, then every progressEvery),
+// serving what it lists first with direct transfer. The returned stop
+// waits for it to end: it uses the source's progress state, which only
+// the worker's goroutine touches once the scan is over.
+func (w *source) progressWhileScanning(ctx context.Context, epoch uint64, start, changedAt time.Time, prog *scanProgress) (stop func()) {
+	if prog == nil {
+		return func() {}
+	}
+	done, finished := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(finished)
+		tick := time.NewTimer(progressEvery / 4)
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			tick.Reset(progressEvery)
+			part := prog.part()
+			if part == nil {
+				continue
+			}
+			if w.e.serve != nil {
+				w.e.serve.Serve(w.t.Name, w.sc.OpenFile, part)
+			}
+			if err := w.publishProgress(ctx, epoch, part, start, changedAt, w.available()); err != nil && ctx.Err() == nil {
+				w.log.Debug("progress manifest not published", "err", err)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		<-finished
+	}
+}
+
 // publishProgress publishes, as a progress manifest, the part of entries
-// whose contents are already stored: every directory and symlink, every
-// file whose content is in the bucket, and a voicemail .txt only once every
-// file of its message (same name, other extensions) is in it too. Targets
-// apply it without deleting anything and do not confirm it.
-func (w *source) publishProgress(ctx context.Context, epoch uint64, entries []fstree.Entry, start, changedAt time.Time) error {
-	part := fstree.StoredPart(entries, w.e.store.Has)
+// whose contents a target can already have: every directory and symlink,
+// every file whose content is available (in the bucket, or served by this
+// node), and a voicemail .txt only once every file of its message (same
+// name, other extensions) is too. Targets apply it without deleting
+// anything and do not confirm it.
+func (w *source) publishProgress(ctx context.Context, epoch uint64, entries []fstree.Entry, start, changedAt time.Time, available func(hash string) bool) error {
+	part := fstree.StoredPart(entries, available)
 	if fstree.Files(part) == w.progressFiles {
 		return nil // nothing new since the last one
 	}
@@ -369,7 +493,6 @@ func (w *source) publishProgress(ctx context.Context, epoch uint64, entries []fs
 // is left (contents hashed in an earlier pass, or that a target reported
 // missing).
 func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress func(), snd *sender) (int64, int64, error) {
-	w.progressFiles = -1
 	// The first one early, so targets start fetching at once.
 	tick := time.NewTimer(progressEvery / 4)
 	defer tick.Stop()
