@@ -292,6 +292,8 @@ type Bus struct {
 	srv *server.Server
 	// refused counts messages its consumers dropped (fan_events_refused_total).
 	refused *prometheus.CounterVec
+	// refusals rations the refusal log lines.
+	refusals refusalLog
 
 	reconnectMu sync.Mutex
 	reconnectID int

@@ -33,12 +33,21 @@ func (b *Bus) RefusedCount(reason string) float64 {
 	return m.GetCounter().GetValue()
 }
 
-// Refuse records a dropped message: one log line with stable keys and one
-// count. err is what DecodeFrom (or a check of the caller's) returned;
+// Refuse records a dropped message: one count, and one log line with
+// stable keys unless a flood of refusals for the same reason has used up
+// its lines (see refusalLog; the next line logged says how many were left
+// out). err is what DecodeFrom (or a check of the caller's) returned;
 // reason is events.RefusalReason(err) unless the caller knows better.
 func (b *Bus) Refuse(reason, subject string, err error, keys ...any) {
 	b.refused.WithLabelValues(reason).Inc()
+	ok, left := b.refusals.allow(reason)
+	if !ok {
+		return
+	}
 	args := append([]any{"reason", reason, "subject", subject, "err", err}, keys...)
+	if left > 0 {
+		args = append(args, "not_logged_before", left)
+	}
 	b.log.Warn("message refused", args...)
 }
 

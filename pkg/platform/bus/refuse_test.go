@@ -2,6 +2,9 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"sync"
 	"testing"
 	"time"
 
@@ -95,4 +98,53 @@ func TestWatchRefusesSubjectMismatch(t *testing.T) {
 	if n := reader.RefusedCount(events.RefusedUndecodable); n != 1 {
 		t.Errorf("refused %v undecodable, want 1", n)
 	}
+}
+
+// refusalLines counts a logger's "message refused" lines.
+type refusalLines struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (r *refusalLines) Enabled(context.Context, slog.Level) bool { return true }
+func (r *refusalLines) WithAttrs([]slog.Attr) slog.Handler       { return r }
+func (r *refusalLines) WithGroup(string) slog.Handler            { return r }
+func (r *refusalLines) Handle(_ context.Context, rec slog.Record) error {
+	if rec.Message == "message refused" {
+		r.mu.Lock()
+		r.n++
+		r.mu.Unlock()
+	}
+	return nil
+}
+
+// A peer with publish rights on one subject floods it with garbage: every
+// message is refused and counted, but the reader's log gets a burst of
+// lines, not one per message.
+func TestRefusalFloodIsCountedNotLoggedLineByLine(t *testing.T) {
+	s := bustest.Server(t)
+	n2 := bustest.Connect(t, s, ident("prober", "n2"))
+	lines := &refusalLines{}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	reader, err := bus.Connect(ctx, bus.Config{URL: s.ClientURL()}, ident("arbiter", "ctl"), slog.New(lines))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer reader.Close()
+	const flood = 300
+	for i := range flood {
+		forge(t, n2, events.HealthSubject("lab", "n2"), events.Envelope{ID: fmt.Sprintf("garbage-%d", i)})
+	}
+	_ = reader.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true, ToEnd: true},
+		func(events.Envelope, events.Payload, uint64) {})
+	if n := reader.RefusedCount(events.RefusedUndecodable); n != flood {
+		t.Fatalf("refused %v of %d, want every one counted", n, flood)
+	}
+	lines.mu.Lock()
+	defer lines.mu.Unlock()
+	if lines.n == 0 || lines.n > 20 {
+		t.Fatalf("%d refusal lines for a flood of %d, want a burst (at most 20)", lines.n, flood)
+	}
+	t.Logf("%d messages refused and counted, %d log lines", flood, lines.n)
 }
