@@ -206,11 +206,6 @@ func (w *source) read(ctx context.Context, snd *sender, prog *scanProgress) ([]f
 	if err != nil {
 		return nil, err
 	}
-	if w.e.serve != nil {
-		// Before anything is published: targets ask for what the store
-		// will not hold as soon as they read the manifest.
-		w.e.serve.Serve(w.t.Name, w.sc.OpenFile, res.Entries)
-	}
 	if res.Unsettled > 0 {
 		// Files still being written: publish what was read, look again.
 		w.dirty = true
@@ -243,6 +238,12 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 	stopProgress := w.progressWhileScanning(ctx, epoch, start, changedAt, prog)
 	entries, err := w.read(ctx, snd, prog)
 	stopProgress()
+	if err == nil && w.e.serve != nil && !w.t.isAstDB() {
+		// Before anything is published, and after the last progress
+		// manifest (which serves only part of the tree): targets ask for
+		// what the store will not hold as soon as they read the manifest.
+		w.e.serve.Serve(w.t.Name, w.sc.OpenFile, entries)
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return true
