@@ -1,7 +1,9 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -209,10 +211,22 @@ func (r *runbookLab) safetyValve() {
 			t.Fatal(err)
 		}
 	}
-	const files, kept = 10, 2
-	for i := range files {
+	// A recording larger than the lab's store_pass_mib (1 MiB): n1 serves
+	// it to n2 directly, through the generated permissions and TLS of the
+	// secure bus, instead of storing it. Were that refused, n2 would get it
+	// only after a request timeout (30 s) and a pass that stores it.
+	recording := make([]byte, 3<<20+5)
+	if _, err := rand.Read(recording); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(inbox, "msg9000.wav"), recording, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const texts, keptTexts = 10, 2
+	const files, kept = texts + 1, keptTexts + 1 // and the recording, which stays
+	for i := range texts {
 		dir := inbox
-		if i >= kept {
+		if i >= keptTexts {
 			dir = old
 		}
 		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("msg%04d.txt", i)), []byte(fmt.Sprintf("message %d\n", i)), 0o644); err != nil {
@@ -221,6 +235,14 @@ func (r *runbookLab) safetyValve() {
 	}
 	r.until(ctl, "repl-status", 30*time.Second, lastLine(`n1->n2 voicemail `, `caught_up=true`))
 	waitFiles(t, dst, files)
+	if got, err := os.ReadFile(filepath.Join(dst, "default", "1000", "INBOX", "msg9000.wav")); err != nil || !bytes.Equal(got, recording) {
+		t.Fatalf("the recording served directly arrived as %d bytes (%v), want n1's %d", len(got), err, len(recording))
+	}
+	// Had n1 not answered (a permission refused, say), n2 would have
+	// confirmed a pass with the recording missing first, and n1 stored it.
+	if out := r.fanctl(ctl, "events --since 1h --type replication.applied --json"); strings.Contains(out, `"missing":`) {
+		t.Fatalf("n2 lacked contents it should have had from n1 directly:\n%s", out)
+	}
 	gone := filepath.Join(filepath.Dir(src), "voicemail-removed")
 	if err := os.Rename(old, gone); err != nil {
 		t.Fatal(err)
@@ -394,6 +416,23 @@ func (r *runbookLab) run(host, name string) (string, error) {
 			p.reply <- r.systemctl(p.req)
 		}
 	}
+}
+
+// fanctl runs one fanctl command on host with the runbook's environment,
+// for what the test checks beyond the runbook's own blocks.
+func (r *runbookLab) fanctl(host, args string) string {
+	r.t.Helper()
+	env, err := r.doc.Shell("env")
+	if err != nil {
+		r.t.Fatal(err)
+	}
+	argv := append([]string{"env"}, r.env...)
+	argv = append(argv, labHostEnv+"="+host, "bash", "-euo", "pipefail", "-c", env.Text+"fanctl "+args)
+	out, err := r.l.Exec(r.ctx, host, argv...)
+	if err != nil {
+		r.t.Fatalf("fanctl %s on %s: %v\n%s", args, host, err, out)
+	}
+	return string(out)
 }
 
 // must runs a block that must succeed.

@@ -90,6 +90,10 @@ bus:
 group: {{.Group}}
 state_dir: {{.Dir}}/{{.Node}}-replicator/state
 scan_interval: 5s
+# A pass stores at most 1 MiB of new contents in the bus and the holder
+# serves the rest to its peers (direct transfer), so the lab's small trees
+# take both paths.
+store_pass_mib: 1
 # The lab's trees live in its temp dir, one set per node, never in the
 # machine's /etc/asterisk; create makes the empty roots on start.
 trees:
