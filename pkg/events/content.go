@@ -88,7 +88,8 @@ func DecodeContentRequest(data []byte) (ContentRequest, error) {
 }
 
 // ValidContentHash says whether h names a content: a SHA-256 as the
-// replicator writes it (64 lower-case hex digits).
+// replicator writes it (64 lower-case hex digits), in manifests and in
+// content requests alike.
 func ValidContentHash(h string) bool {
 	if len(h) != 64 {
 		return false

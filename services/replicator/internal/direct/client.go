@@ -122,15 +122,9 @@ func (p *prefetch) plan(hashes []string) []*request {
 		p.slots[h] = sl
 		switch {
 		case !known:
-			pt := &part{ready: make(chan struct{}), taken: true,
-				err: fmt.Errorf("%s %s: %w: its size is not in the manifest", p.tree, h, fstree.ErrMissingContent)}
-			close(pt.ready)
-			sl.parts = []*part{pt}
+			sl.parts = []*part{settled(fmt.Errorf("%s %s: %w: its size is not in the manifest", p.tree, h, fstree.ErrMissingContent))}
 		case size <= 0:
-			// Nothing to ask for: the empty content.
-			pt := &part{ready: make(chan struct{}), taken: true}
-			close(pt.ready)
-			sl.parts = []*part{pt}
+			sl.parts = []*part{settled(nil)} // nothing to ask for: the empty content
 		case size <= budget:
 			if cur != nil && (curBytes+size > budget || len(cur.parts) == events.MaxContentRanges) {
 				flush()
@@ -162,6 +156,14 @@ func (p *prefetch) run(ctx context.Context, reqs []*request) {
 		}
 		go p.ask(ctx, r)
 	}
+}
+
+// settled is a part known without asking: empty, or failed with err. It
+// belongs to no request, so it holds no token.
+func settled(err error) *part {
+	pt := &part{ready: make(chan struct{}), taken: true, err: err}
+	close(pt.ready)
+	return pt
 }
 
 func fail(parts []*part, err error) {
@@ -287,16 +289,10 @@ func (p *prefetch) done(sl *slot) {
 	}
 }
 
-// single fetches one content outside the prefetch's order.
+// single fetches one content outside the prefetch's order: a prefetch of
+// it alone.
 func (p *prefetch) single(ctx context.Context, hash string) (io.ReadCloser, error) {
-	size, ok := p.sizes[hash]
-	if !ok {
-		return nil, fmt.Errorf("%s %s: %w: size unknown", p.tree, hash, fstree.ErrMissingContent)
-	}
-	q := &prefetch{c: p.c, node: p.node, tree: p.tree, sizes: map[string]int64{hash: size}, slots: map[string]*slot{}, tokens: make(chan struct{}, ahead)}
-	reqs := q.plan([]string{hash})
-	go q.run(ctx, reqs)
-	return q.get(ctx, hash)
+	return p.c.Prefetch(ctx, p.node, p.tree, p.sizes, []string{hash})(ctx, hash)
 }
 
 // take marks pt taken, releasing its request's token after its last part.

@@ -17,6 +17,8 @@ import (
 	"sort"
 	"strings"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/events"
 )
 
 // Kind is what an entry is.
@@ -234,7 +236,7 @@ func CheckEntries(es []Entry) error {
 		switch e.Kind {
 		case KindDir, KindValue:
 		case KindFile:
-			if !isSHA256(e.Hash) || e.Size < 0 {
+			if !events.ValidContentHash(e.Hash) || e.Size < 0 {
 				return fmt.Errorf("%w: file %q has hash %q and size %d", ErrUnsafeManifest, e.Path, e.Hash, e.Size)
 			}
 		case KindSymlink:
@@ -246,16 +248,4 @@ func CheckEntries(es []Entry) error {
 		}
 	}
 	return nil
-}
-
-func isSHA256(h string) bool {
-	if len(h) != 64 {
-		return false
-	}
-	for _, c := range h {
-		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-			return false
-		}
-	}
-	return true
 }

@@ -59,22 +59,14 @@ type ScanResult struct {
 }
 
 // Scan lists the tree. Files that vanish during the scan are left out.
-func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) { return s.ScanEach(ctx, nil) }
-
-// KeepMax is the largest file whose content ScanEach hands over with its
-// entry (the object store's chunk: a content that goes out in one message).
-const KeepMax = 128 << 10
-
-// ScanEach is Scan that also calls hashed with every file it reads (new or
-// changed since this scanner last read it) as soon as its hash is known,
-// from several goroutines at once, before it returns; content is the
-// file's bytes as hashed when the file is at most KeepMax bytes, else nil.
-// A source sends contents while the rest of the tree is still being read,
-// and a small file is read once, not once to hash and again to send.
-// hashed may block: reading waits for it.
-func (s *Scanner) ScanEach(ctx context.Context, hashed func(e Entry, content []byte)) (ScanResult, error) {
-	return s.ScanHooked(ctx, ScanHooks{Hashed: hashed})
+func (s *Scanner) Scan(ctx context.Context) (ScanResult, error) {
+	return s.ScanHooked(ctx, ScanHooks{})
 }
+
+// KeepMax is the largest file whose content ScanHooks.Hashed is handed
+// with its entry (the object store's chunk: a content that goes out in one
+// message).
+const KeepMax = 128 << 10
 
 // ScanHooks are told of a scan's progress while it runs.
 type ScanHooks struct {
@@ -85,11 +77,17 @@ type ScanHooks struct {
 	// describe the tree's directories and unchanged files while the rest
 	// is still being read.
 	Walked func(entries []Entry)
-	// Hashed is ScanEach's hashed.
+	// Hashed is called with every file the scan reads (new or changed
+	// since this scanner last read it) as soon as its hash is known, from
+	// several goroutines at once, before the scan returns; content is the
+	// file's bytes as hashed when the file is at most KeepMax bytes, else
+	// nil. A source sends contents while the rest of the tree is still
+	// being read, and a small file is read once, not once to hash and
+	// again to send. Hashed may block: reading waits for it.
 	Hashed func(e Entry, content []byte)
 }
 
-// ScanHooked is ScanEach with every hook.
+// ScanHooked is Scan, telling hooks of its progress.
 func (s *Scanner) ScanHooked(ctx context.Context, hooks ScanHooks) (ScanResult, error) {
 	hashed := hooks.Hashed
 	st, err := os.Stat(s.Root)

@@ -1,8 +1,6 @@
 package replicate_test
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"os"
@@ -14,11 +12,6 @@ import (
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
 )
-
-func hashOf(b []byte) string {
-	s := sha256.Sum256(b)
-	return hex.EncodeToString(s[:])
-}
 
 // directTree writes a spool whose first pass is larger than the room a
 // pass has in the store: small messages, then two recordings larger than
@@ -56,7 +49,7 @@ func TestDirectTransferOfALargePass(t *testing.T) {
 	st := l.holderStore()
 	var hashes []string
 	for _, data := range files {
-		hashes = append(hashes, hashOf(data))
+		hashes = append(hashes, store.HashOf(data))
 	}
 	if err := st.Lookup(l.ctx, hashes); err != nil {
 		t.Fatal(err)
@@ -71,7 +64,7 @@ func TestDirectTransferOfALargePass(t *testing.T) {
 		t.Fatalf("%d of %d contents stored: want the pass's first part stored and the rest served", stored, len(hashes))
 	}
 	for _, rel := range []string{"default/0/INBOX/msg0100.wav", "default/1/INBOX/msg0101.wav"} {
-		if st.Has(hashOf(files[rel])) {
+		if st.Has(store.HashOf(files[rel])) {
 			t.Errorf("%s stored, though the pass's room was used up before it", rel)
 		}
 	}
@@ -85,7 +78,7 @@ func TestDirectTransferOfALargePass(t *testing.T) {
 		return same(n1.root, n2.root)
 	})
 	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
-	if err := st.Lookup(l.ctx, []string{hashOf(msg)}); err != nil || !st.Has(hashOf(msg)) {
+	if err := st.Lookup(l.ctx, []string{store.HashOf(msg)}); err != nil || !st.Has(store.HashOf(msg)) {
 		t.Errorf("a small change was not stored (%v)", err)
 	}
 }

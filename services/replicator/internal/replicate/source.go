@@ -701,7 +701,7 @@ func (w *source) newSender(ctx context.Context) *sender {
 	return s
 }
 
-// add hands over a file the scan read (fstree.ScanEach's callback).
+// add hands over a file the scan read (fstree.ScanHooks.Hashed).
 func (s *sender) add(e fstree.Entry, content []byte) {
 	s.mu.Lock()
 	if s.held+len(content) > senderHeld {
