@@ -211,17 +211,33 @@ func (r *runbookLab) safetyValve() {
 			t.Fatal(err)
 		}
 	}
+	// Every file lands whole, as Asterisk's do (it records into tmp/,
+	// which is excluded, and moves the message into place): a file the
+	// holder scans half written and then serves whole no longer has the
+	// hash its manifest names, so n2 would rightly report it missing once.
+	tmp := filepath.Join(src, "tmp")
+	if err := os.MkdirAll(tmp, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	place := func(dir, name string, data []byte) {
+		t.Helper()
+		staged := filepath.Join(tmp, name)
+		if err := os.WriteFile(staged, data, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(staged, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
 	// A recording larger than the lab's store_pass_mib (1 MiB): n1 serves
 	// it to n2 directly, through the generated permissions and TLS of the
-	// secure bus, instead of storing it. Were that refused, n2 would get it
-	// only after a request timeout (30 s) and a pass that stores it.
+	// secure bus, instead of storing it. Were n1's answer refused, n2 would
+	// report it missing and n1 would store it (checked below).
 	recording := make([]byte, 3<<20+5)
 	if _, err := rand.Read(recording); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(inbox, "msg9000.wav"), recording, 0o644); err != nil {
-		t.Fatal(err)
-	}
+	place(inbox, "msg9000.wav", recording)
 	const texts, keptTexts = 10, 2
 	const files, kept = texts + 1, keptTexts + 1 // and the recording, which stays
 	for i := range texts {
@@ -229,9 +245,7 @@ func (r *runbookLab) safetyValve() {
 		if i >= keptTexts {
 			dir = old
 		}
-		if err := os.WriteFile(filepath.Join(dir, fmt.Sprintf("msg%04d.txt", i)), []byte(fmt.Sprintf("message %d\n", i)), 0o644); err != nil {
-			t.Fatal(err)
-		}
+		place(dir, fmt.Sprintf("msg%04d.txt", i), []byte(fmt.Sprintf("message %d\n", i)))
 	}
 	r.until(ctl, "repl-status", 30*time.Second, lastLine(`n1->n2 voicemail `, `caught_up=true`))
 	waitFiles(t, dst, files)
