@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/durablefile"
 	"github.com/nats-io/nkeys"
 )
 
@@ -159,18 +160,14 @@ func (g *gen) write(path string, data []byte, mode fs.FileMode) error {
 	return nil
 }
 
+// writeFile replaces path whole and durably: a key or a server's
+// configuration is never half written, and never left more open than mode
+// by an earlier file of the same name.
 func writeFile(path string, data []byte, mode fs.FileMode) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("create %s: %w", filepath.Dir(path), err)
 	}
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	return nil
+	return durablefile.Write(path, data, mode)
 }
 
 func (g *gen) writeCA(dir string) error {

@@ -1,13 +1,16 @@
 package natsconfig
 
 import (
+	"bytes"
 	"context"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -423,5 +426,57 @@ func TestGenerateIdempotentAndRenew(t *testing.T) {
 	caCertParsed, _ := parseCert([]byte(ca))
 	if err := newCert.CheckSignatureFrom(caCertParsed); err != nil {
 		t.Errorf("renewed certificate not from the same CA: %v", err)
+	}
+}
+
+// Every secret Generate writes (the CA's key, each identity's key and nkey
+// seed) is readable by its owner only, whatever the umask, even where a
+// crashed earlier run left a world-readable temporary file under the name an
+// older release wrote through.
+func TestGeneratedSecretsAreOwnerOnly(t *testing.T) {
+	old := syscall.Umask(0)
+	defer syscall.Umask(old)
+	out := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(out, caDir), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	leftover := filepath.Join(out, caDir, caKey) + ".tmp"
+	if err := os.WriteFile(leftover, []byte("left by a crash"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	c := testCluster(t, out)
+	if _, err := Generate(c, Options{Out: out}); err != nil {
+		t.Fatal(err)
+	}
+	secrets := 0
+	err := filepath.WalkDir(out, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() || p == leftover {
+			return err
+		}
+		if strings.Contains(d.Name(), ".tmp") {
+			t.Errorf("%s: a temporary file outlived the run", p)
+		}
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		if !bytes.Contains(b, []byte("PRIVATE KEY")) && !bytes.HasPrefix(b, []byte("SU")) {
+			return nil
+		}
+		secrets++
+		fi, err := d.Info()
+		if err != nil {
+			return err
+		}
+		if fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s holds a secret with mode %v, want 0600", p, fi.Mode().Perm())
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if secrets < 3 {
+		t.Fatalf("found %d secrets in the output, want the CA key and every identity's", secrets)
 	}
 }

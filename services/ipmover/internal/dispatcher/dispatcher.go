@@ -32,13 +32,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/durablefile"
 )
 
 // State is what fan wants for a destination.
@@ -341,7 +341,7 @@ func (c *Client) ApplyList(ctx context.Context, entries []Entry) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err := writeAtomic(c.cfg.ListFile, []byte(b.String())); err != nil {
+	if err := durablefile.Write(c.cfg.ListFile, []byte(b.String()), 0o644); err != nil {
 		return fmt.Errorf("dispatcher apply list: %w", err)
 	}
 	if err := c.reload(ctx); err != nil {
@@ -373,34 +373,6 @@ func (c *Client) reload(ctx context.Context) error {
 		case <-time.After(c.cfg.ReloadRetry):
 		}
 	}
-}
-
-// writeAtomic replaces path so that Kamailio never reads a partial list.
-func writeAtomic(path string, data []byte) error {
-	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	defer os.Remove(f.Name()) // after a successful rename this is a no-op
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Chmod(0o644); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(f.Name(), path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }
 
 func sortedKeys(m map[string]State) []string {

@@ -7,8 +7,9 @@ import (
 	"hash/crc32"
 	"io/fs"
 	"os"
-	"path/filepath"
 	"syscall"
+
+	"github.com/fanpbx/fan/pkg/platform/durablefile"
 )
 
 // The state file is two slots of equal size, one after the other. Each
@@ -160,10 +161,8 @@ func fdatasync(f *os.File) error {
 
 // createSlots puts a new slot file in place holding payload in slot 0 (the
 // other slot empty), sized for it to grow, so that a reader, or a restart
-// after a crash, sees the old file or the new one, complete: a temporary
-// file in the same directory, fsynced, renamed over, then the directory
-// fsynced so the rename itself is durable.
-func createSlots(path string, seq uint64, payload []byte) (_ slotFile, err error) {
+// after a crash, sees the old file or the new one, complete.
+func createSlots(path string, seq uint64, payload []byte) (slotFile, error) {
 	need := slotHeaderLen + len(payload)
 	if need > maxSlotSize {
 		return slotFile{}, fmt.Errorf("fence: state of %d bytes is larger than a slot may be", len(payload))
@@ -172,36 +171,8 @@ func createSlots(path string, seq uint64, payload []byte) (_ slotFile, err error
 	size := min(maxSlotSize, max(minSlotSize, roundUp(2*need, 4096)))
 	b := make([]byte, 2*size)
 	copy(b, encodeSlot(seq, payload))
-	dir := filepath.Dir(path)
-	tmp, err := os.CreateTemp(dir, "."+filepath.Base(path)+".tmp-*")
-	if err != nil {
-		return slotFile{}, fmt.Errorf("fence: create temp state file: %w", err)
-	}
-	defer func() {
-		if err != nil {
-			tmp.Close()
-			os.Remove(tmp.Name())
-		}
-	}()
-	if _, err = tmp.Write(b); err != nil {
-		return slotFile{}, fmt.Errorf("fence: write %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Sync(); err != nil {
-		return slotFile{}, fmt.Errorf("fence: fsync %s: %w", tmp.Name(), err)
-	}
-	if err = tmp.Close(); err != nil {
-		return slotFile{}, fmt.Errorf("fence: close %s: %w", tmp.Name(), err)
-	}
-	if err = os.Rename(tmp.Name(), path); err != nil {
-		return slotFile{}, fmt.Errorf("fence: rename state into place: %w", err)
-	}
-	d, err := os.Open(dir)
-	if err != nil {
-		return slotFile{}, fmt.Errorf("fence: open state dir: %w", err)
-	}
-	defer d.Close()
-	if err = d.Sync(); err != nil {
-		return slotFile{}, fmt.Errorf("fence: fsync state dir %s: %w", dir, err)
+	if err := durablefile.Write(path, b, 0o600); err != nil {
+		return slotFile{}, fmt.Errorf("fence: %w", err)
 	}
 	return slotFile{size: size, seq: seq, slot: 0}, nil
 }

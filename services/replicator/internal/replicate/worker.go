@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/durablefile"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fsnotify/fsnotify"
 )
@@ -377,28 +379,14 @@ func (w *shared) saveKnown() error {
 	if err := os.MkdirAll(w.e.cfg.StateDir, 0o700); err != nil {
 		return fmt.Errorf("state dir: %w", err)
 	}
-	tmp, err := os.CreateTemp(w.e.cfg.StateDir, ".state-*")
+	err := durablefile.WriteFrom(w.stateFile(), 0o600, func(f io.Writer) error {
+		zw, _ := gzip.NewWriterLevel(f, gzip.BestSpeed)
+		if err := json.NewEncoder(zw).Encode(w.known); err != nil {
+			return err
+		}
+		return zw.Close()
+	})
 	if err != nil {
-		return fmt.Errorf("state: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	zw, _ := gzip.NewWriterLevel(tmp, gzip.BestSpeed)
-	if err := json.NewEncoder(zw).Encode(w.known); err != nil {
-		tmp.Close()
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := zw.Close(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("state: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), w.stateFile()); err != nil {
 		return fmt.Errorf("state: %w", err)
 	}
 	return nil
