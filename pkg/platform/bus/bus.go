@@ -326,6 +326,38 @@ func (b *Bus) onReconnect(f func()) (remove func()) {
 // every server has failed (plus jitter).
 const reconnectWait = 250 * time.Millisecond
 
+// liveness is how every connection fan opens (a service's own, the
+// arbiter's to the system account) notices a server that went silent and
+// gets back to one that answers. A connection without it keeps nats.go's
+// defaults: a frozen or cut-off server, which sends no reset, goes unnoticed
+// for up to six minutes.
+func liveness(cfg Config) []nats.Option {
+	return []nats.Option{
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(reconnectWait),
+		nats.ReconnectJitter(100*time.Millisecond, time.Second),
+		// No reconnect buffer: a command or event published while
+		// disconnected must fail now, not be delivered late and stale
+		// after the reconnect (the client would otherwise hold up to 8 MB
+		// of them and send them all once it is back, whatever their age).
+		nats.ReconnectBufSize(-1),
+		nats.PingInterval(cfg.PingInterval.D()),
+		nats.MaxPingsOutstanding(2),
+	}
+}
+
+// tlsOptions are cfg's TLS settings as client options.
+func tlsOptions(cfg Config) []nats.Option {
+	var opts []nats.Option
+	if cfg.TLS.CA != "" {
+		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
+	}
+	if cfg.TLS.Cert != "" {
+		opts = append(opts, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
+	}
+	return opts
+}
+
 // Connect dials the bus (starting the embedded server first if configured).
 // It keeps retrying while ctx lives: a service that starts before NATS waits
 // for it instead of exiting.
@@ -337,23 +369,14 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 	b := &Bus{cfg: cfg, id: id, log: log, refused: newRefusedCounter()}
 	// bus.url is an order of preference (serverOrder).
 	order := newServerOrder(cfg.URL, reconnectWait)
-	opts := append(order.options(),
+	opts := append(order.options(), liveness(cfg)...)
+	opts = append(opts,
 		nats.Name("fan-"+id.Service+"-"+id.Node),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(reconnectWait),
-		nats.ReconnectJitter(100*time.Millisecond, time.Second),
-		// No reconnect buffer: a command or event published while
-		// disconnected must fail now, not be delivered late and stale
-		// after the reconnect (the client would otherwise hold up to 8 MB
-		// of them and send them all once it is back, whatever their age).
-		nats.ReconnectBufSize(-1),
-		nats.PingInterval(cfg.PingInterval.D()),
-		nats.MaxPingsOutstanding(2),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) {
 			log.Warn("bus disconnected", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			order.connected()
+			order.connected(nc.ConnectedUrl())
 			log.Info("bus reconnected", "server", nc.ConnectedUrlRedacted())
 			b.reconnectMu.Lock()
 			defer b.reconnectMu.Unlock()
@@ -384,12 +407,7 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		// permissions let it read (events.InboxPrefix).
 		auth = append(auth, o, nats.CustomInboxPrefix(events.InboxPrefix(pub)))
 	}
-	if cfg.TLS.CA != "" {
-		auth = append(auth, nats.RootCAs(cfg.TLS.CA))
-	}
-	if cfg.TLS.Cert != "" {
-		auth = append(auth, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
-	}
+	auth = append(auth, tlsOptions(cfg)...)
 	opts = append(opts, auth...)
 
 	url := cfg.URL

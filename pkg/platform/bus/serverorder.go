@@ -9,7 +9,10 @@ import (
 )
 
 // serverOrder chooses the server a connection dials: bus.url's servers in
-// the order given, the first of them that has not just failed.
+// the order given, the first of them that has not just failed. A server
+// fails when a dial to it fails or when the connection to it is lost: one
+// that went silent (a frozen process, a host cut off) is not dialled again
+// first, which would cost a whole connect timeout before the next server.
 //
 // nats.go shuffles its server list and, on a lost connection, takes the
 // next server of the shuffle. In the witness topology that puts a PBX
@@ -28,9 +31,10 @@ type serverOrder struct {
 	retryWait time.Duration
 	now       func() time.Time
 
-	mu     sync.Mutex
-	failed map[string]time.Time // host:port -> last failed dial
-	tried  string               // the dial in flight, "" once connected
+	mu      sync.Mutex
+	failed  map[string]time.Time // host:port -> last failed dial or lost connection
+	tried   string               // the dial in flight, "" once connected
+	current string               // host:port connected to, "" once lost
 }
 
 // serverFailedFor is how long a server whose dial failed is passed over
@@ -75,13 +79,18 @@ func (o *serverOrder) rank(host string, i int) int {
 
 // pick is nats.go's ReconnectToServer callback: it is called before each
 // dial of a reconnect, so being called while a dial was in flight means
-// that dial failed.
+// that dial failed, and being called while connected means that connection
+// was lost.
 func (o *serverOrder) pick(pool []nats.Server, _ nats.ServerInfo) (*nats.Server, time.Duration) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	now := o.now()
 	if o.tried != "" {
 		o.failed[o.tried] = now
+	}
+	if o.current != "" {
+		o.failed[o.current] = now
+		o.current = ""
 	}
 	best, oldest := -1, -1
 	for i := range pool {
@@ -119,12 +128,14 @@ func (o *serverOrder) pick(pool []nats.Server, _ nats.ServerInfo) (*nats.Server,
 // ends in the connect handler set here.
 func (o *serverOrder) options() []nats.Option {
 	return []nats.Option{nats.DontRandomize(), nats.ReconnectToServer(o.pick),
-		nats.ConnectHandler(func(*nats.Conn) { o.connected() })}
+		nats.ConnectHandler(func(nc *nats.Conn) { o.connected(nc.ConnectedUrl()) })}
 }
 
-// connected ends a reconnect: the dial in flight succeeded.
-func (o *serverOrder) connected() {
+// connected ends a reconnect: the dial in flight succeeded, to url (the
+// connection's ConnectedUrl).
+func (o *serverOrder) connected(url string) {
 	o.mu.Lock()
 	o.tried = ""
+	o.current = serverHost(url)
 	o.mu.Unlock()
 }

@@ -18,8 +18,8 @@ func poolOf(hosts ...string) []nats.Server {
 
 // TestServerOrderPick: a reconnect dials bus.url's servers in its order,
 // whatever order nats.go's pool holds them in, passes over one that just
-// failed, and falls back to the least recently failed (after the wait)
-// when all did.
+// failed (a dial that failed, or the connection just lost), and falls back
+// to the least recently failed (after the wait) when all did.
 func TestServerOrderPick(t *testing.T) {
 	now := time.Unix(1000, 0)
 	o := newServerOrder("nats://own:4222, witness ,nats://other:4222", 250*time.Millisecond)
@@ -39,14 +39,17 @@ func TestServerOrderPick(t *testing.T) {
 	}
 	step("own:4222", 0)
 	step("witness:4222", 0) // own's dial failed
-	o.connected()
-	// The witness's connection is lost: own failed a moment ago, the
-	// witness's server has not failed a dial.
-	step("witness:4222", 0)
+	o.connected("nats://witness:4222")
+	// The witness's connection is lost: own failed a moment ago, and the
+	// witness, silent perhaps, is not dialled again first.
 	step("other:4222", 0)
 	step("advertised:4222", 0)             // learnt from the cluster: after every configured one
 	step("own:4222", 250*time.Millisecond) // all failed: the least recent, after the wait
-	o.connected()
+	o.connected("nats://own:4222")
+	now = now.Add(serverFailedFor)
+	// Own's connection is lost; the others' failures have aged out.
+	step("witness:4222", 0)
+	o.connected("nats://witness:4222")
 	now = now.Add(serverFailedFor)
 	step("own:4222", 0)
 }

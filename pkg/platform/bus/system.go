@@ -57,14 +57,14 @@ func ConnectSystem(cfg Config, name string, log *slog.Logger) (*nats.Conn, error
 	if sys == nil {
 		return nil, nil
 	}
-	// The same servers in the same order as the service's own connection.
+	cfg.Defaults()
+	// The same servers in the same order as the service's own connection,
+	// and a silent one noticed as soon.
 	order := newServerOrder(cfg.URL, reconnectWait)
-	opts := append(order.options(),
+	opts := append(order.options(), liveness(cfg)...)
+	opts = append(opts,
 		nats.Name(name),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(reconnectWait),
-		nats.ReconnectHandler(func(*nats.Conn) { order.connected() }),
-		nats.ReconnectBufSize(-1),
+		nats.ReconnectHandler(func(nc *nats.Conn) { order.connected(nc.ConnectedUrl()) }),
 		// The first servers may be down when the arbiter starts.
 		nats.RetryOnFailedConnect(true),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -83,12 +83,7 @@ func ConnectSystem(cfg Config, name string, log *slog.Logger) (*nats.Conn, error
 	default:
 		opts = append(opts, nats.UserInfo(sys.User, sys.Password))
 	}
-	if cfg.TLS.CA != "" {
-		opts = append(opts, nats.RootCAs(cfg.TLS.CA))
-	}
-	if cfg.TLS.Cert != "" {
-		opts = append(opts, nats.ClientCert(cfg.TLS.Cert, cfg.TLS.Key))
-	}
+	opts = append(opts, tlsOptions(cfg)...)
 	nc, err := nats.Connect(cfg.URL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("system account connect %s: %w", redact(cfg.URL), err)
