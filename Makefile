@@ -217,8 +217,9 @@ SYSUSERSDIR ?= /usr/lib/sysusers.d
 TMPFILESDIR ?= /usr/lib/tmpfiles.d
 DOCDIR      ?= $(PREFIX)/share/doc/fan
 SERVICES    := prober arbiter ipmover replicator scheduler
-# One unit per service, and fan-nats's (a host may run the stock nats-server instead).
-UNITS       := $(SERVICES) nats
+# One unit per service, fan-nats's (a host may run the stock nats-server
+# instead) and the status page's (fan-status: fanctl serve).
+UNITS       := $(SERVICES) nats status
 INSTALLED_BINARIES := $(addprefix fan-,$(SERVICES)) fanctl fan-nats
 EXAMPLES    := $(wildcard deploy/systemd/examples/*.yaml deploy/systemd/examples/*.env)
 install-files:

@@ -35,7 +35,7 @@ make -s -C "$top" install-files DESTDIR="$root" PREFIX=/usr UNITDIR=/lib/systemd
 # /etc/fan/<service>.yaml refuses to start, which is what keeps an
 # unconfigured package from running anything.
 install -d "$root/etc/fan"
-for s in prober arbiter ipmover replicator scheduler; do
+for s in prober arbiter ipmover replicator scheduler status; do
 	install -m 0644 "$top/deploy/systemd/examples/$s.env" "$root/etc/fan/$s.env"
 done
 

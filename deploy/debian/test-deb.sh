@@ -36,6 +36,7 @@ want=(
 	usr/bin/fanctl usr/bin/fan-nats
 	lib/systemd/system/fan-prober.service lib/systemd/system/fan-arbiter.service lib/systemd/system/fan-ipmover.service
 	lib/systemd/system/fan-replicator.service lib/systemd/system/fan-scheduler.service lib/systemd/system/fan-nats.service
+	lib/systemd/system/fan-status.service usr/share/doc/fan/examples/status.yaml etc/fan/status.env
 	usr/lib/sysusers.d/fan.conf usr/lib/tmpfiles.d/fan.conf
 	usr/share/doc/fan/copyright usr/share/doc/fan/changelog.Debian.gz usr/share/doc/fan/changelog.gz
 	usr/share/doc/fan/examples/arbiter.yaml usr/share/doc/fan/examples/prober.yaml usr/share/doc/fan/examples/ipmover.yaml
@@ -49,6 +50,7 @@ for f in "${want[@]}"; do [[ -e $root/$f ]] || fail "$f not installed"; done
 # The units start the packaged binaries, not /usr/local's.
 if grep -l /usr/local "$root"/lib/systemd/system/fan-*.service; then fail "a unit still names /usr/local"; fi
 grep -q '^ExecStart=/usr/bin/fan-arbiter ' "$root/lib/systemd/system/fan-arbiter.service" || fail "fan-arbiter.service does not start /usr/bin/fan-arbiter"
+grep -q '^ExecStart=/usr/bin/fanctl --config /etc/fan/status.yaml serve$' "$root/lib/systemd/system/fan-status.service" || fail "fan-status.service does not start /usr/bin/fanctl serve"
 # Conffiles are registered as such (an upgrade keeps the operator's edits).
 dpkg_root --status fan | grep -q '^ /etc/fan/arbiter.env ' || fail "/etc/fan/arbiter.env is not a conffile"
 # postinst: the fan user exists in the root, /etc/fan is root:fan 0750.

@@ -42,4 +42,11 @@ if out=$(check replicator); then fail "replicator loaded without its voicemail t
 rmdir "$root/var/lib/fan/ipmover"
 if out=$(check ipmover); then fail "ipmover loaded without its state directory"; fi
 [[ $out == *"state_file: $root/var/lib/fan/ipmover/state.json: its directory"* ]] || fail "ipmover: $out"
-echo "example configs: ${#services[@]} load on a host with their files, and name a missing one"
+
+# The status page's file (fanctl's, read as strictly): it loads, and the page
+# refuses to start until its token file exists, naming it. (Past that it
+# would dial the bus, which is not here.)
+sed -e "s|/etc/fan/|$root/etc/fan/|g" "$examples/status.yaml" >"$root/cfg/status.yaml"
+if out=$("$bin/fanctl" --config "$root/cfg/status.yaml" serve 2>&1); then fail "fanctl serve started without its token file"; fi
+[[ $out == *"serve.token_file: token file unusable: stat $root/etc/fan/page.token: no such file"* ]] || fail "status: $out"
+echo "example configs: ${#services[@]} load on a host with their files, and name a missing one; status.yaml loads"

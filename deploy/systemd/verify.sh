@@ -14,7 +14,7 @@ for u in "$here"/*.service; do
 	sed "s|/usr/local/bin/|$bin/|g" "$u" >"$tmp/$(basename "$u")"
 	units+=("$tmp/$(basename "$u")")
 done
-((${#units[@]} == 6)) || { echo "verify.sh: want 6 units, found ${#units[@]}" >&2; exit 1; }
+((${#units[@]} == 7)) || { echo "verify.sh: want 7 units, found ${#units[@]}" >&2; exit 1; }
 out=$(SYSTEMD_LOG_LEVEL=notice systemd-analyze verify --man=no "${units[@]}" 2>&1) || {
 	echo "$out" >&2
 	exit 1

@@ -28,8 +28,9 @@ import (
 
 // Packages are installed into the image beside minbase: systemd as PID 1,
 // iproute2 for the floating address checks, procps for ps and pkill-free
-// process listings in failure logs.
-var Packages = []string{"systemd", "systemd-sysv", "iproute2", "procps"}
+// process listings in failure logs, curl for the status page as the
+// runbook reads it.
+var Packages = []string{"systemd", "systemd-sysv", "iproute2", "procps", "curl"}
 
 // Suite is the Debian release the image is made of (the one fan's package
 // targets).

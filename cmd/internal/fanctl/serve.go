@@ -10,6 +10,7 @@ import (
 
 	"github.com/fanpbx/fan/cmd/internal/statuspage"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
 )
 
 // runServe runs the status page until ctx ends. The page reads the bus
@@ -53,6 +54,16 @@ func runServe(ctx context.Context, args []string, cluster string, file statuspag
 	}
 	defer b.Close()
 	fmt.Fprintf(stdout, "status page on http://%s%s\n", ln.Addr(), cfgPrefix(cfg))
+	// Under systemd (Type=notify in fan-status.service) READY=1 says the
+	// page answers: its port is bound and the bus reached.
+	notify, err := daemon.NotifierFromEnv()
+	if err != nil {
+		log.Warn("sd_notify disabled", "err", err)
+	}
+	if err := notify.Send(daemon.NotifyReady, fmt.Sprintf("STATUS=serving on %s", ln.Addr())); err != nil {
+		log.Warn("sd_notify failed", "err", err)
+	}
+	defer func() { _ = notify.Send(daemon.NotifyStopping) }()
 	return srv.Serve(ctx, ln, b)
 }
 
