@@ -255,8 +255,8 @@ runuser -u fan -- fan-%[1]s -check-config %[2]s`, svc, path)); err != nil {
 	// answers, and what it shows is the holder.
 	r.run(ctl, "ctl", "install-status-page")
 	page := r.retry(ctl, "ctl", "install-status-page-check", 30*time.Second)
-	if !strings.Contains(page, `"pbx-a"`) || !strings.Contains(page, `"pbx"`) {
-		t.Fatalf("install-status-page-check: the page's status names neither pbx-a nor the group:\n%s", page)
+	if !strings.Contains(page, `"group":"pbx"`) || !strings.Contains(page, `"holder":"pbx-a"`) {
+		t.Fatalf("install-status-page-check: the page's status does not show pbx-a holding group pbx:\n%s", page)
 	}
 	if out, err := ctl.Output(ctx, `curl -sS -o /dev/null -w '%{http_code}' http://127.0.0.1:9110/api/status`); err != nil || strings.TrimSpace(out) != "401" {
 		t.Fatalf("the page's status without the token: %q %v, want 401", out, err)
