@@ -120,33 +120,37 @@ func (f *Fan) Restore(ctx context.Context, s Scenario, node string) error {
 	return fmt.Errorf("unknown scenario %q", s)
 }
 
-// peersReachEachOther reports whether every node's last heartbeat, stored
-// since the last Restore, has each of its peer checks up. A node back from
-// a cut link still has its peer checks down until rise probes answer; a
-// fault on the other node before that would find the peer's verdict given
-// in advance and measure a failover decided on the silence alone.
-func (f *Fan) peersReachEachOther(ctx context.Context, js jetstream.JetStream) bool {
-	st, err := js.Stream(ctx, events.LiveStream)
+// PeersReachEachOther says why not every node's last heartbeat, stored
+// since since, has each of its peer checks up ("" when they all have). A
+// node back from a cut link still has its peer checks down until rise
+// probes answer; a fault on the other node before that would find the
+// peer's verdict given in advance and measure a failover decided on the
+// silence alone, or none where the arbiter needs a peer's word.
+func PeersReachEachOther(ctx context.Context, js jetstream.JetStream, st *stack.Stack, since time.Time) string {
+	live, err := js.Stream(ctx, events.LiveStream)
 	if err != nil {
-		return false
+		return fmt.Sprintf("live stream: %v", err)
 	}
-	for _, n := range f.St.Lab.Nodes() {
-		m, err := st.GetLastMsgForSubject(ctx, events.HeartbeatSubject(f.St.Cluster(), n.Name))
-		if err != nil || m.Time.Before(f.restoredAt) {
-			return false
+	for _, n := range st.Lab.Nodes() {
+		m, err := live.GetLastMsgForSubject(ctx, events.HeartbeatSubject(st.Cluster(), n.Name))
+		if err != nil {
+			return fmt.Sprintf("%s heartbeat: %v", n.Name, err)
+		}
+		if m.Time.Before(since) {
+			return fmt.Sprintf("%s: no heartbeat since %s", n.Name, since.Format(time.RFC3339Nano))
 		}
 		_, p, err := events.DecodeFrom(m.Subject, m.Data)
 		hb, ok := p.(*events.NodeHeartbeat)
 		if err != nil || !ok {
-			return false
+			return fmt.Sprintf("%s heartbeat does not decode: %v", n.Name, err)
 		}
-		for _, c := range hb.Checks {
+		for name, c := range hb.Checks {
 			if c.Role == events.RolePeer && c.Health != events.HealthUp {
-				return false
+				return fmt.Sprintf("%s's peer check %s on %s is %s", n.Name, name, c.TargetNode, c.Health)
 			}
 		}
 	}
-	return true
+	return ""
 }
 
 // Ready reports whether the arbiter sees node healthy and on the bus again,
@@ -161,7 +165,7 @@ func (f *Fan) Ready(ctx context.Context, node string) bool {
 		return false
 	}
 	_, js, err := f.bus()
-	if err != nil || !f.peersReachEachOther(ctx, js) {
+	if err != nil || PeersReachEachOther(ctx, js, f.St, f.restoredAt) != "" {
 		return false
 	}
 	if len(f.St.NATSHosts()) == 1 {

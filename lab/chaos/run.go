@@ -156,14 +156,12 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 			fmt.Fprintln(cfg.Out, st.Logs(4000))
 		}
 	}()
-	if cfg.Topology != stack.TopologySingle {
-		nc, js, err := st.Connect(netlab.ControlHost)
-		if err != nil {
-			return res, err
-		}
-		defer nc.Close()
-		r.js = js
+	nc, js, err := st.Connect(netlab.ControlHost)
+	if err != nil {
+		return res, err
 	}
+	defer nc.Close()
+	r.js = js
 	r.client, err = bench.NewClient(l)
 	if err != nil {
 		return res, err
@@ -350,7 +348,7 @@ type runner struct {
 	l      *netlab.Lab
 	st     *stack.Stack
 	client *bench.Client
-	js     jetstream.JetStream // a three-server bus only
+	js     jetstream.JetStream
 	t0     time.Time
 	done   []Injected
 }
@@ -529,7 +527,17 @@ func (r *runner) unsettled(ctx context.Context) string {
 	if who != g.Holder {
 		return fmt.Sprintf("client answered by %s, status holder %s", who, g.Holder)
 	}
-	if r.js != nil {
+	// The next fault must find every peer check up again: a link healed
+	// a moment ago still has them down until rise probes answer, and a
+	// fault on the other node then is decided on silence alone.
+	since := r.t0
+	if len(r.done) > 0 {
+		since = r.done[len(r.done)-1].HealedAt
+	}
+	if why := bench.PeersReachEachOther(sctx, r.js, r.st, since); why != "" {
+		return why
+	}
+	if r.cfg.Topology != stack.TopologySingle {
 		// The next fault may take a server: every raft group must be able
 		// to lose one.
 		lg, err := leaders.List(sctx, r.js)
