@@ -215,7 +215,7 @@ func (s *Scanner) ScanHooked(ctx context.Context, hooks ScanHooks) (ScanResult, 
 				if hashed != nil && e.Size <= KeepMax {
 					keep = e.Size
 				}
-				h, after, content, err := hashFile(t, e.Path, keep)
+				h, hashedSize, after, content, err := hashFile(t, e.Path, keep)
 				var done Entry
 				mu.Lock()
 				switch {
@@ -231,9 +231,11 @@ func (s *Scanner) ScanHooked(ctx context.Context, hooks ScanHooks) (ScanResult, 
 					e.Hash = h
 					if after.key != keys[i] {
 						// Written to while read: publish what was read
-						// and let the next pass settle it.
+						// (its size is the bytes hashed: a recording
+						// appended to after the read reached its end is
+						// longer than that) and let the next pass settle it.
 						res.Unsettled++
-						e.Size, e.MTime = after.key.size, after.key.mtime
+						e.Size, e.MTime = hashedSize, after.key.mtime
 					} else {
 						s.mu.Lock()
 						s.cache[e.Path] = cached{key: after.key, hash: h}
@@ -349,19 +351,20 @@ func entryOfStat(rel string, st *unix.Stat_t) (Entry, statKey, bool) {
 
 type fileState struct{ key statKey }
 
-// hashFile reads the file rel and returns its SHA-256 and its stat after
-// reading. With keep (the size the file had, at most KeepMax; -1 for
+// hashFile reads the file rel and returns its SHA-256, how many bytes that
+// covers, and its stat after reading. With keep (the size the file had, at most KeepMax; -1 for
 // none) it also returns the bytes it hashed, unless the file grew past
 // KeepMax.
-func hashFile(t *tree, rel string, keep int64) (string, fileState, []byte, error) {
+func hashFile(t *tree, rel string, keep int64) (string, int64, fileState, []byte, error) {
 	full := t.full(rel)
 	f, err := t.openFile(rel)
 	if err != nil {
-		return "", fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
+		return "", 0, fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
 	}
 	defer f.Close()
 	h := sha256.New()
 	var content []byte
+	var hashed int64
 	whole := false
 	if keep >= 0 {
 		// One byte more than expected tells a file that grew: then it is
@@ -370,6 +373,7 @@ func hashFile(t *tree, rel string, keep int64) (string, fileState, []byte, error
 		n, rerr := io.ReadFull(f, content)
 		content = content[:n]
 		h.Write(content)
+		hashed += int64(n)
 		switch {
 		case rerr == nil:
 			content = nil
@@ -380,15 +384,17 @@ func hashFile(t *tree, rel string, keep int64) (string, fileState, []byte, error
 		}
 	}
 	if err == nil && !whole {
-		_, err = io.Copy(h, f)
+		var n int64
+		n, err = io.Copy(h, f)
+		hashed += n
 	}
 	if err != nil {
-		return "", fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
+		return "", 0, fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
 	}
 	fi, err := f.Stat()
 	if err != nil {
-		return "", fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
+		return "", 0, fileState{}, nil, fmt.Errorf("hash %s: %w", full, err)
 	}
 	_, key, _ := entryOf(filepath.Base(full), fi)
-	return hex.EncodeToString(h.Sum(nil)), fileState{key: key}, content, nil
+	return hex.EncodeToString(h.Sum(nil)), hashed, fileState{key: key}, content, nil
 }

@@ -113,8 +113,8 @@ func TestTargetWithoutDirectTransferGetsEverythingFromTheStore(t *testing.T) {
 // is before any full manifest exists, from progress manifests published
 // during the scan (direct transfer serves what they list).
 func TestProgressWhileTheSourceStillReads(t *testing.T) {
-	replicate.SlowHashing(func() { time.Sleep(10 * time.Millisecond) })
-	t.Cleanup(func() { replicate.SlowHashing(nil) })
+	replicate.AfterHashing(func() { time.Sleep(10 * time.Millisecond) })
+	t.Cleanup(func() { replicate.AfterHashing(nil) })
 	l := newLab(t)
 	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
 	for i := range 200 {

@@ -1,4 +1,6 @@
 package replicate
 
-// SlowHashing makes every file's hashing wait in f (nil: no wait).
-func SlowHashing(f func()) { slowHashing = f }
+// AfterHashing runs f as each file's hash is known in a source's scan,
+// before the file's content is uploaded (nil: nothing): a slow scan, or a
+// file written to between its hashing and its upload.
+func AfterHashing(f func()) { afterHashing = f }

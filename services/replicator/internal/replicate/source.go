@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"sync"
 	"time"
@@ -191,8 +192,8 @@ func (w *source) read(ctx context.Context, snd *sender, prog *scanProgress) ([]f
 	}
 	if snd != nil || prog != nil {
 		hooks.Hashed = func(e fstree.Entry, content []byte) {
-			if slowHashing != nil {
-				slowHashing()
+			if afterHashing != nil {
+				afterHashing()
 			}
 			if prog != nil {
 				prog.hashed(e)
@@ -355,9 +356,10 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 // targets fetch while the source still reads and uploads instead of after.
 const progressEvery = time.Second
 
-// slowHashing, when set by a test, runs as each file's hash is known: a
-// scan long enough to publish progress without a gigabyte to read.
-var slowHashing func()
+// afterHashing, when set by a test, runs as each file's hash is known: a
+// scan long enough to publish progress without a gigabyte to read, or a
+// file appended to before its upload reads it.
+var afterHashing func()
 
 // available says which contents a target can already have: those in the
 // bucket, and with direct transfer every content this node scanned (it
@@ -546,12 +548,7 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 		go func() {
 			defer wg.Done()
 			for e := range ch {
-				f, err := w.sc.OpenFile(e.Path)
-				var stored bool
-				if err == nil {
-					stored, err = w.e.store.Put(ctx, e.Hash, f)
-					f.Close()
-				}
+				stored, err := w.putFile(ctx, e)
 				mu.Lock()
 				if err != nil && firstErr == nil {
 					firstErr = fmt.Errorf("upload %s: %w", e.Path, err)
@@ -841,10 +838,18 @@ func (s *sender) put(f hashedFile) (bool, error) {
 	if f.content != nil {
 		return s.w.e.store.Put(s.ctx, f.e.Hash, bytes.NewReader(f.content))
 	}
-	r, err := s.w.sc.OpenFile(f.e.Path)
+	return s.w.putFile(s.ctx, f.e)
+}
+
+// putFile stores e's content as the scan hashed it: the first e.Size bytes
+// of the file. A file appended to since (a recording still being written)
+// still begins with them; one rewritten does not, and Put refuses it
+// (store.ErrChanged).
+func (w *source) putFile(ctx context.Context, e fstree.Entry) (bool, error) {
+	f, err := w.sc.OpenFile(e.Path)
 	if err != nil {
 		return false, err
 	}
-	defer r.Close()
-	return s.w.e.store.Put(s.ctx, f.e.Hash, r)
+	defer f.Close()
+	return w.e.store.Put(ctx, e.Hash, io.LimitReader(f, e.Size))
 }
