@@ -113,7 +113,7 @@ func TestTargetWithoutDirectTransferGetsEverythingFromTheStore(t *testing.T) {
 // is before any full manifest exists, from progress manifests published
 // during the scan (direct transfer serves what they list).
 func TestProgressWhileTheSourceStillReads(t *testing.T) {
-	replicate.AfterHashing(func() { time.Sleep(10 * time.Millisecond) })
+	replicate.AfterHashing(func(string) { time.Sleep(10 * time.Millisecond) })
 	t.Cleanup(func() { replicate.AfterHashing(nil) })
 	l := newLab(t)
 	n1, n2 := newNode(t, "n1"), newNode(t, "n2")

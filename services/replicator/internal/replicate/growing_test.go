@@ -20,32 +20,46 @@ import (
 // recording too once the call ends. Every content a pass stores is what
 // its scan hashed: the first Size bytes of a file appended to since, not
 // whatever the file holds when the upload reads it (which failed the whole
-// pass, pass after pass, for the length of the call).
+// pass, pass after pass, for the length of the call). A file rewritten
+// between its scan and its upload is left for the next pass; the rest of
+// the pass goes on.
 func TestARecordingBeingWrittenDoesNotHoldTheTreeBack(t *testing.T) {
 	l := newLab(t)
 	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
 	rec := filepath.Join(n1.root, "monitor", "call-1.wav")
 	write(t, n1.root, "monitor/call-1.wav", random(512<<10))
 	write(t, n1.root, "default/1/INBOX/msg0000.txt", random(4<<10))
+	// And a file rewritten in place (not appended to) right after each
+	// hashing: its upload never finds what its scan read, which must cost
+	// that file alone, not the pass.
+	rewritten := filepath.Join(n1.root, "monitor", "mix.wav")
+	write(t, n1.root, "monitor/mix.wav", random(256<<10))
 	f, err := os.OpenFile(rec, os.O_APPEND|os.O_WRONLY, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() }) // after the hook is gone (cleanups run last first)
-	// The call: audio appended after every hashing, so each upload finds
-	// the recording longer than its scan did, and more of it between
-	// passes.
+	// The call: audio appended after each hashing of the recording, so
+	// each upload finds it longer than its scan did.
 	var calling atomic.Bool
 	calling.Store(true)
 	var mu sync.Mutex
 	chunk := random(8 << 10)
-	replicate.AfterHashing(func() {
+	replicate.AfterHashing(func(path string) {
 		mu.Lock()
 		defer mu.Unlock()
-		if calling.Load() {
-			if _, err := f.Write(chunk); err != nil {
-				t.Error(err)
-			}
+		if !calling.Load() {
+			return
+		}
+		var err error
+		switch path {
+		case "monitor/call-1.wav":
+			_, err = f.Write(chunk)
+		case "monitor/mix.wav":
+			err = os.WriteFile(rewritten, random(256<<10), 0o640)
+		}
+		if err != nil {
+			t.Error(err)
 		}
 	})
 	endCall := func() {

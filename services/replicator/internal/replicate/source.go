@@ -13,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/services/replicator/internal/astdb"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
+	"github.com/fanpbx/fan/services/replicator/internal/store"
 )
 
 // published is a manifest this node published as source.
@@ -193,7 +194,7 @@ func (w *source) read(ctx context.Context, snd *sender, prog *scanProgress) ([]f
 	if snd != nil || prog != nil {
 		hooks.Hashed = func(e fstree.Entry, content []byte) {
 			if afterHashing != nil {
-				afterHashing()
+				afterHashing(e.Path)
 			}
 			if prog != nil {
 				prog.hashed(e)
@@ -359,7 +360,7 @@ const progressEvery = time.Second
 // afterHashing, when set by a test, runs as each file's hash is known: a
 // scan long enough to publish progress without a gigabyte to read, or a
 // file appended to before its upload reads it.
-var afterHashing func()
+var afterHashing func(path string)
 
 // available says which contents a target can already have: those in the
 // bucket, and with direct transfer every content this node scanned (it
@@ -500,6 +501,16 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 	tick := time.NewTimer(progressEvery / 4)
 	defer tick.Stop()
 	var files, bytes int64
+	changed := 0
+	defer func() {
+		if changed > 0 {
+			// The pass goes on without them (a target reports them
+			// missing); what the files hold now is for the next pass, soon.
+			w.log.Debug("files rewritten since the scan, not stored", "files", changed)
+			w.dirty = true
+			nudgeTime(w.fsCh, time.Now())
+		}
+	}()
 	if snd != nil {
 		snd.close()
 	wait:
@@ -512,6 +523,7 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 				tick.Reset(progressEvery)
 			}
 		}
+		changed = snd.changed
 		if snd.err != nil {
 			return snd.files, snd.bytes, snd.err
 		}
@@ -550,6 +562,10 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 			for e := range ch {
 				stored, err := w.putFile(ctx, e)
 				mu.Lock()
+				if errors.Is(err, store.ErrChanged) {
+					changed++
+					err = nil
+				}
 				if err != nil && firstErr == nil {
 					firstErr = fmt.Errorf("upload %s: %w", e.Path, err)
 				}
@@ -678,6 +694,9 @@ type sender struct {
 	// Set by run before done closes.
 	files, bytes int64
 	err          error
+	// changed counts contents not stored because their file was rewritten
+	// since the scan.
+	changed int
 }
 
 type hashedFile struct {
@@ -772,6 +791,10 @@ func (s *sender) run() {
 				stored, err := s.put(f)
 				s.mu.Lock()
 				s.held -= len(f.content)
+				if errors.Is(err, store.ErrChanged) {
+					s.changed++
+					err = nil
+				}
 				if err != nil && s.err == nil {
 					s.err = fmt.Errorf("upload %s: %w", f.e.Path, err)
 				}
@@ -844,7 +867,8 @@ func (s *sender) put(f hashedFile) (bool, error) {
 // putFile stores e's content as the scan hashed it: the first e.Size bytes
 // of the file. A file appended to since (a recording still being written)
 // still begins with them; one rewritten does not, and Put refuses it
-// (store.ErrChanged).
+// (store.ErrChanged): the caller leaves that file to the next pass and
+// goes on with the rest.
 func (w *source) putFile(ctx context.Context, e fstree.Entry) (bool, error) {
 	f, err := w.sc.OpenFile(e.Path)
 	if err != nil {
