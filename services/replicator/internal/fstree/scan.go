@@ -352,9 +352,9 @@ func entryOfStat(rel string, st *unix.Stat_t) (Entry, statKey, bool) {
 type fileState struct{ key statKey }
 
 // hashFile reads the file rel and returns its SHA-256, how many bytes that
-// covers, and its stat after reading. With keep (the size the file had, at most KeepMax; -1 for
-// none) it also returns the bytes it hashed, unless the file grew past
-// KeepMax.
+// covers, and its stat after reading. With keep (the size the file had, at
+// most KeepMax; -1 for none) it also returns the bytes it hashed, unless
+// the file grew past KeepMax.
 func hashFile(t *tree, rel string, keep int64) (string, int64, fileState, []byte, error) {
 	full := t.full(rel)
 	f, err := t.openFile(rel)

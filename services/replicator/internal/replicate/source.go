@@ -8,6 +8,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -52,6 +53,9 @@ type source struct {
 	// them and publishes again even if the tree did not change (the
 	// manifest it has is the one it cannot complete).
 	resend bool
+	// rewritten counts the files putFile left to the next pass in the
+	// current one (the sender's and the worker's uploads both count).
+	rewritten atomic.Int32
 }
 
 // storeRoom is how many bytes of new contents a pass may still store in
@@ -501,12 +505,11 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 	tick := time.NewTimer(progressEvery / 4)
 	defer tick.Stop()
 	var files, bytes int64
-	changed := 0
 	defer func() {
-		if changed > 0 {
+		if n := w.rewritten.Swap(0); n > 0 {
 			// The pass goes on without them (a target reports them
 			// missing); what the files hold now is for the next pass, soon.
-			w.log.Debug("files rewritten since the scan, not stored", "files", changed)
+			w.log.Debug("files rewritten since the scan, not stored", "files", n)
 			w.dirty = true
 			nudgeTime(w.fsCh, time.Now())
 		}
@@ -523,7 +526,6 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 				tick.Reset(progressEvery)
 			}
 		}
-		changed = snd.changed
 		if snd.err != nil {
 			return snd.files, snd.bytes, snd.err
 		}
@@ -562,10 +564,6 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 			for e := range ch {
 				stored, err := w.putFile(ctx, e)
 				mu.Lock()
-				if errors.Is(err, store.ErrChanged) {
-					changed++
-					err = nil
-				}
 				if err != nil && firstErr == nil {
 					firstErr = fmt.Errorf("upload %s: %w", e.Path, err)
 				}
@@ -694,9 +692,6 @@ type sender struct {
 	// Set by run before done closes.
 	files, bytes int64
 	err          error
-	// changed counts contents not stored because their file was rewritten
-	// since the scan.
-	changed int
 }
 
 type hashedFile struct {
@@ -791,10 +786,6 @@ func (s *sender) run() {
 				stored, err := s.put(f)
 				s.mu.Lock()
 				s.held -= len(f.content)
-				if errors.Is(err, store.ErrChanged) {
-					s.changed++
-					err = nil
-				}
 				if err != nil && s.err == nil {
 					s.err = fmt.Errorf("upload %s: %w", f.e.Path, err)
 				}
@@ -867,13 +858,18 @@ func (s *sender) put(f hashedFile) (bool, error) {
 // putFile stores e's content as the scan hashed it: the first e.Size bytes
 // of the file. A file appended to since (a recording still being written)
 // still begins with them; one rewritten does not, and Put refuses it
-// (store.ErrChanged): the caller leaves that file to the next pass and
-// goes on with the rest.
+// (store.ErrChanged): that file is left to the next pass (counted in
+// w.rewritten, not stored, no error) and the pass goes on with the rest.
 func (w *source) putFile(ctx context.Context, e fstree.Entry) (bool, error) {
 	f, err := w.sc.OpenFile(e.Path)
 	if err != nil {
 		return false, err
 	}
 	defer f.Close()
-	return w.e.store.Put(ctx, e.Hash, io.LimitReader(f, e.Size))
+	stored, err := w.e.store.Put(ctx, e.Hash, io.LimitReader(f, e.Size))
+	if errors.Is(err, store.ErrChanged) {
+		w.rewritten.Add(1)
+		return false, nil
+	}
+	return stored, err
 }
