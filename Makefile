@@ -103,6 +103,10 @@ test: vet lint fmt-check modules-standalone deps-check unit
 # Fuzz every parser, one target after the other, FUZZTIME each (default
 # 30s; CI runs a short pass). A crash is saved under the package's
 # testdata/fuzz/<target>/: commit it as a seed with the fix.
+# FUZZTIME is a duration (30s) or a count of inputs (10000x). CI gives a
+# count: with a duration, Go 1.26's fuzz coordinator can report its own
+# stop at the deadline as "context deadline exceeded", a failure with no
+# crasher (go.dev/issue/75804, fixed in Go 1.27); a count has no deadline.
 FUZZTIME ?= 30s
 # Minimising each new interesting input may take 60 s by default, which
 # stalled whole short runs; 1 s keeps the time for fuzzing.
