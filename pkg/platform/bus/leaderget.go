@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/nats-io/nats.go"
 )
 
 // errNoMessage is nats-server's error code for "no message found".
@@ -20,39 +22,15 @@ const errNoMessage = 10037
 // address must not believe that. While the stream has no leader the read
 // fails (ctx's deadline) instead.
 func (b *Bus) LeaderGetKV(ctx context.Context, bucket, key string) ([]byte, error) {
-	req, err := json.Marshal(struct {
-		LastBySubject string `json:"last_by_subj"`
-	}{events.KVSubject(bucket, key)})
-	if err != nil {
-		return nil, err
-	}
-	m, err := b.NC.RequestWithContext(ctx, events.JSStreamMsgGetSubject(events.KVStreamName(bucket)), req)
+	m, err := leaderGet(ctx, b.NC, events.KVStreamName(bucket), leaderGetRequest{LastBySubject: events.KVSubject(bucket, key)})
 	if err != nil {
 		return nil, fmt.Errorf("leader read of %s: %w", key, err)
 	}
-	var resp struct {
-		Message *struct {
-			Header []byte `json:"hdrs"`
-			Data   []byte `json:"data"`
-		} `json:"message"`
-		Error *struct {
-			ErrCode     int    `json:"err_code"`
-			Description string `json:"description"`
-		} `json:"error"`
-	}
-	if err := json.Unmarshal(m.Data, &resp); err != nil {
-		return nil, fmt.Errorf("leader read of %s: %w", key, err)
-	}
-	switch {
-	case resp.Error != nil && resp.Error.ErrCode == errNoMessage:
+	if m == nil {
 		return nil, nil
-	case resp.Error != nil:
-		return nil, fmt.Errorf("leader read of %s: %s (%d)", key, resp.Error.Description, resp.Error.ErrCode)
-	case resp.Message == nil:
-		return nil, fmt.Errorf("leader read of %s: %w", key, errors.New("empty answer"))
 	}
-	if len(resp.Message.Header) > 0 {
-		h, err := nats.DecodeHeadersMsg(resp.Message.Header)
+	if len(m.Header) > 0 {
+		h, err := nats.DecodeHeadersMsg(m.Header)
 		if err != nil {
 			return nil, fmt.Errorf("leader read of %s: %w", key, err)
 		}
@@ -60,5 +38,52 @@ func (b *Bus) LeaderGetKV(ctx context.Context, bucket, key string) ([]byte, erro
 			return nil, nil
 		}
 	}
-	return resp.Message.Data, nil
+	return m.Data, nil
+}
+
+// leaderGetRequest is the stream API's message get: one of the two.
+type leaderGetRequest struct {
+	Seq           uint64 `json:"seq,omitempty"`
+	LastBySubject string `json:"last_by_subj,omitempty"`
+}
+
+// storedMsg is a message as the stream API's message get returns it.
+type storedMsg struct {
+	Subject  string    `json:"subject"`
+	Sequence uint64    `json:"seq"`
+	Header   []byte    `json:"hdrs"`
+	Data     []byte    `json:"data"`
+	Time     time.Time `json:"time"`
+}
+
+// leaderGet asks stream's raft leader for one message; (nil, nil) when
+// there is none.
+func leaderGet(ctx context.Context, nc *nats.Conn, stream string, req leaderGetRequest) (*storedMsg, error) {
+	data, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	m, err := nc.RequestWithContext(ctx, events.JSStreamMsgGetSubject(stream), data)
+	if err != nil {
+		return nil, err
+	}
+	var resp struct {
+		Message *storedMsg `json:"message"`
+		Error   *struct {
+			ErrCode     int    `json:"err_code"`
+			Description string `json:"description"`
+		} `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &resp); err != nil {
+		return nil, err
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrCode == errNoMessage:
+		return nil, nil
+	case resp.Error != nil:
+		return nil, fmt.Errorf("%s (%d)", resp.Error.Description, resp.Error.ErrCode)
+	case resp.Message == nil:
+		return nil, errors.New("empty answer")
+	}
+	return resp.Message, nil
 }

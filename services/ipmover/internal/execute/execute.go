@@ -33,8 +33,16 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
-// StepReceived is every result's first step.
-const StepReceived = "received"
+// The contract's own steps, in every applied command's result before the
+// executor's: received; the epoch found to be a lease term (a read of the
+// lease's records at a term's first command, else the cache); the command
+// recorded on disk (an fdatasync). A slow failover shows here whether the
+// time went to the bus, to the disk or to the executor.
+const (
+	StepReceived    = "received"
+	StepTermChecked = "term_checked"
+	StepRecorded    = "recorded"
+)
 
 // ErrNotAllowed refuses a command outside the executor's own configuration
 // (a group, node or address it may never hold).
@@ -201,6 +209,7 @@ func (c *Contract) decide(ctx context.Context, env events.Envelope, cmd events.C
 		c.refused(RefusedNoTerm)
 		return events.OutcomeStaleEpoch, err, false
 	}
+	tl.At(StepTermChecked, time.Now())
 	if v == fence.StaleEpoch {
 		recorded := c.cfg.Fence.Snapshot().MaxEpoch
 		if recorded < seq {
@@ -225,6 +234,7 @@ func (c *Contract) decide(ctx context.Context, env events.Envelope, cmd events.C
 	if err := c.cfg.Fence.Record(env.ID, env.Epoch, managed...); err != nil {
 		return events.OutcomeFailed, fmt.Errorf("persist command record: %w", err), true
 	}
+	tl.At(StepRecorded, time.Now())
 	if err := c.cfg.Executor.Apply(ctx, env, cmd, tl); err != nil {
 		return events.OutcomeFailed, err, true
 	}

@@ -29,8 +29,10 @@ const keepTerms = 8
 // any replica of the command stream, and one on a server just cut off (not
 // yet known to be gone) never answers: waiting out the client's 5 s there
 // made a failover's first claim "stale" and cost a claim timeout (seen in
-// the colocated chaos). Another request is routed afresh, so reads are
-// retried until the caller's context ends (the command's deadline).
+// the colocated chaos). A record read (At) asks the stream's leader at the
+// same time, which covers that replica; the newest record (Last) does not.
+// Another request is routed afresh, so reads are retried until the
+// caller's context ends (the command's deadline).
 const readAttempt = 400 * time.Millisecond
 
 // hedgeAfter is how long a read may go unanswered before the same read is

@@ -230,6 +230,19 @@ func StepNames(r *events.CommandResult) []string {
 	return out
 }
 
+// StepAt is when a result's step name happened; it fails t when the
+// result has no such step.
+func StepAt(t testing.TB, r *events.CommandResult, name string) time.Time {
+	t.Helper()
+	for _, s := range r.Steps {
+		if s.Name == name {
+			return s.At
+		}
+	}
+	t.Fatalf("result of %s has no step %q (steps %v)", r.CommandID, name, StepNames(r))
+	return time.Time{}
+}
+
 // FormatSteps writes a result's steps as name=elapsed_ms, for test logs.
 func FormatSteps(r *events.CommandResult) string {
 	var b strings.Builder

@@ -6,6 +6,7 @@ package executetest
 import (
 	"math"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -14,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
@@ -195,7 +197,18 @@ func appliedOnceAcrossRestart(e *env) {
 	term := e.startTerm()
 	cmd := e.sub.Admitted(e.soon())
 	env, _ := e.send(term, cmd)
-	e.expect(env, events.OutcomeApplied)
+	r := e.expect(env, events.OutcomeApplied)
+	// Every applied result opens with the contract's own steps, in order,
+	// so a slow command shows whether the lease read or the disk took it.
+	contract := []string{execute.StepReceived, execute.StepTermChecked, execute.StepRecorded}
+	if names := StepNames(&r); len(names) < len(contract) || !slices.Equal(names[:len(contract)], contract) {
+		e.t.Fatalf("applied result's steps %v do not open with the contract's %v", names, contract)
+	}
+	for i := 1; i < len(r.Steps); i++ {
+		if r.Steps[i].At.Before(r.Steps[i-1].At) {
+			e.t.Fatalf("steps out of time order: %+v", r.Steps)
+		}
+	}
 	e.effect(true, "the command")
 	if got := e.recorded(); got != term {
 		e.t.Fatalf("recorded epoch %d, want %d", got, term)
