@@ -274,16 +274,40 @@ func TestGeneratedConfigEnforced(t *testing.T) {
 		}
 	}
 	ccancel()
-	// The executor reads the lease's records to check epochs.
+	// The executor reads the lease's records to check epochs, each both
+	// ways at once: directly (any replica) and through the stream's
+	// leader. Either alone would make the reads below pass, so each path
+	// is also tried on its own.
+	leaseSubject := events.LeaseSubject(c.Cluster, events.ArbiterLease)
+	ack, err := arbiter.JS.Publish(ctx, leaseSubject, []byte(`{"holder":"ctl1","at":"2026-01-01T00:00:00Z"}`))
+	if err != nil {
+		t.Fatalf("arbiter writes the lease: %v", err)
+	}
 	recs, err := ipmover.LeaseRecords(ctx, events.ArbiterLease)
 	if err != nil {
 		t.Fatalf("ipmover opens the lease records: %v", err)
 	}
-	if _, _, _, err := recs.Last(ctx); err != nil {
-		t.Fatalf("ipmover reads the last lease record: %v", err)
+	if _, seq, found, err := recs.Last(ctx, nil); err != nil || !found || seq != ack.Sequence {
+		t.Fatalf("ipmover reads the last lease record: seq %d found %v err %v, want %d", seq, found, err, ack.Sequence)
 	}
-	if _, _, err := recs.At(ctx, 1); err != nil {
-		t.Fatalf("ipmover reads a lease record by sequence: %v", err)
+	if _, found, err := recs.At(ctx, ack.Sequence); err != nil || !found {
+		t.Fatalf("ipmover reads a lease record by sequence: found %v err %v", found, err)
+	}
+	cmdStream, err := ipmover.JS.Stream(ctx, bus.CommandsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cmdStream.GetLastMsgForSubject(ctx, leaseSubject); err != nil {
+		t.Fatalf("ipmover's direct get of the last lease record: %v", err)
+	}
+	if _, err := cmdStream.GetMsg(ctx, ack.Sequence); err != nil {
+		t.Fatalf("ipmover's direct get of a lease record: %v", err)
+	}
+	for _, req := range []string{`{"last_by_subj":"` + leaseSubject + `"}`, `{"seq":` + strconv.FormatUint(ack.Sequence, 10) + `}`} {
+		m, err := ipmover.NC.Request(events.JSStreamMsgGetSubject(bus.CommandsStream), []byte(req), 5*time.Second)
+		if err != nil || !bytes.Contains(m.Data, []byte(`"seq":`+strconv.FormatUint(ack.Sequence, 10))) {
+			t.Fatalf("ipmover's read %s through the leader: %v %s", req, err, msgData(m))
+		}
 	}
 
 	// The replicator uses the object stores without create rights.
@@ -479,4 +503,11 @@ func TestGeneratedSecretsAreOwnerOnly(t *testing.T) {
 	if secrets < 3 {
 		t.Fatalf("found %d secrets in the output, want the CA key and every identity's", secrets)
 	}
+}
+
+func msgData(m *nats.Msg) []byte {
+	if m == nil {
+		return nil
+	}
+	return m.Data
 }

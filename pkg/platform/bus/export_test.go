@@ -1,11 +1,6 @@
 package bus
 
-import (
-	"context"
-	"time"
-
-	"github.com/nats-io/nats.go/jetstream"
-)
+import "time"
 
 // SetHomeEvery changes how often a connection looks for its preferred
 // server, for a test; it returns the previous value.
@@ -15,8 +10,8 @@ func SetHomeEvery(d time.Duration) time.Duration {
 	return prev
 }
 
-// SetDirectGet puts get in the place of the command stream's direct get,
-// for a test of a replica that never answers or is behind.
-func SetDirectGet(l *LeaseRecords, get func(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)) {
-	l.directGet = get
-}
+// Replica is what a lease read asks directly; SetReplica puts a test's in
+// the place of the command stream (one that is silent or behind).
+type Replica = replica
+
+func SetReplica(l *LeaseRecords, r Replica) { l.replica = r }

@@ -14,15 +14,21 @@ import (
 
 // LeaseRecords reads one lease's records from the command stream. Reads are
 // direct gets when the stream allows them (provisioning sets allow_direct),
-// otherwise the stream API's message get: either way one request. At also
-// asks the stream's leader at the same time (see At).
+// otherwise the stream API's message get: either way one request. At and
+// Last also ask the stream's leader at the same time (see At).
 type LeaseRecords struct {
 	stream  jetstream.Stream
 	nc      *nats.Conn
 	subject string
-	// directGet is stream.GetMsg; a test puts a silent or lagging replica
-	// in its place.
-	directGet func(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)
+	// replica answers the direct gets: the stream itself, or in a test a
+	// replica that is silent or behind.
+	replica replica
+}
+
+// replica is the part of jetstream.Stream that At and Last read through.
+type replica interface {
+	GetMsg(ctx context.Context, seq uint64, opts ...jetstream.GetMsgOpt) (*jetstream.RawStreamMsg, error)
+	GetLastMsgForSubject(ctx context.Context, subject string) (*jetstream.RawStreamMsg, error)
 }
 
 // LeaseRecords opens the records of the lease named name (events.ArbiterLease)
@@ -37,7 +43,14 @@ func (b *Bus) LeaseRecords(ctx context.Context, name string) (*LeaseRecords, err
 	if err != nil {
 		return nil, fmt.Errorf("stream %s: %w", CommandsStream, err)
 	}
-	return &LeaseRecords{stream: s, nc: b.NC, subject: events.LeaseSubject(b.id.Cluster, name), directGet: s.GetMsg}, nil
+	return &LeaseRecords{stream: s, nc: b.NC, subject: events.LeaseSubject(b.id.Cluster, name), replica: s}, nil
+}
+
+// leaseRead is one answer to a read of the lease's records.
+type leaseRead struct {
+	rec   events.LeaseRecord
+	seq   uint64
+	found bool
 }
 
 // At returns the lease record stored at seq; found is false when the message
@@ -53,63 +66,121 @@ func (b *Bus) LeaseRecords(ctx context.Context, name string) (*LeaseRecords, err
 // from a replica may only be a replica behind, so it waits for the
 // leader's word until the leader fails or ctx ends.
 func (l *LeaseRecords) At(ctx context.Context, seq uint64) (rec events.LeaseRecord, found bool, err error) {
+	got, err := askBoth(ctx,
+		func(ctx context.Context) (leaseRead, error) {
+			m, err := l.replica.GetMsg(ctx, seq)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return leaseRead{}, nil
+			}
+			if err != nil {
+				return leaseRead{}, err
+			}
+			return l.record(m.Subject, m.Sequence, seq, m.Data), nil
+		},
+		func(ctx context.Context) (leaseRead, error) {
+			m, err := leaderGet(ctx, l.nc, CommandsStream, leaderGetRequest{Seq: seq})
+			if err != nil || m == nil {
+				return leaseRead{}, err
+			}
+			return l.record(m.Subject, m.Sequence, seq, m.Data), nil
+		},
+		func(r leaseRead) bool { return r.found })
+	if err != nil {
+		return events.LeaseRecord{}, false, fmt.Errorf("lease record %d: %w", seq, err)
+	}
+	return got.rec, got.found, nil
+}
+
+// Last returns the newest record on the lease subject and its sequence;
+// found is false when there is none (no leader, or every record expired).
+//
+// Like At it asks a replica directly and the stream's leader at once, for
+// the same reason: an executor checking a command of a term whose first
+// record has expired (any term older than the lease's TTL) reads the
+// newest record, on the failover's path. Only the leader's answer is surely
+// the newest, since a replica may be behind; a replica's answer is taken
+// first when settles says it answers the caller's question anyway (nil:
+// never), else only once the leader has failed.
+func (l *LeaseRecords) Last(ctx context.Context, settles func(rec events.LeaseRecord, seq uint64) bool) (rec events.LeaseRecord, seq uint64, found bool, err error) {
+	got, err := askBoth(ctx,
+		func(ctx context.Context) (leaseRead, error) {
+			m, err := l.replica.GetLastMsgForSubject(ctx, l.subject)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return leaseRead{}, nil
+			}
+			if err != nil {
+				return leaseRead{}, err
+			}
+			return l.record(m.Subject, m.Sequence, m.Sequence, m.Data), nil
+		},
+		func(ctx context.Context) (leaseRead, error) {
+			m, err := leaderGet(ctx, l.nc, CommandsStream, leaderGetRequest{LastBySubject: l.subject})
+			if err != nil || m == nil {
+				return leaseRead{}, err
+			}
+			return l.record(m.Subject, m.Sequence, m.Sequence, m.Data), nil
+		},
+		func(r leaseRead) bool { return r.found && settles != nil && settles(r.rec, r.seq) })
+	if err != nil {
+		return events.LeaseRecord{}, 0, false, fmt.Errorf("last lease record: %w", err)
+	}
+	return got.rec, got.seq, got.found, nil
+}
+
+// askBoth runs a direct read and the same read through the leader at once.
+// The leader's answer is final. The direct one is returned first when final
+// says it is, and otherwise stands only if the leader fails; the error is
+// both reads' when both fail.
+func askBoth[T any](ctx context.Context, direct, leader func(context.Context) (T, error), final func(T) bool) (T, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	type answer struct {
-		rec    events.LeaseRecord
-		found  bool
+		v      T
 		err    error
 		leader bool
 	}
 	answers := make(chan answer, 2)
 	go func() {
-		m, err := l.directGet(ctx, seq)
-		a := answer{err: err}
-		switch {
-		case errors.Is(err, jetstream.ErrMsgNotFound):
-			a.err = nil
-		case err == nil:
-			a.rec, a.found = l.record(m.Subject, m.Sequence, seq, m.Data)
-		}
-		answers <- a
+		v, err := direct(ctx)
+		answers <- answer{v: v, err: err}
 	}()
 	go func() {
-		m, err := leaderGet(ctx, l.nc, CommandsStream, leaderGetRequest{Seq: seq})
-		a := answer{err: err, leader: true}
-		if err == nil && m != nil {
-			a.rec, a.found = l.record(m.Subject, m.Sequence, seq, m.Data)
-		}
-		answers <- a
+		v, err := leader(ctx)
+		answers <- answer{v: v, err: err, leader: true}
 	}()
-	var notFound bool
-	var errs []error
+	var (
+		zero, held T
+		haveHeld   bool
+		errs       []error
+	)
 	for range 2 {
 		a := <-answers
 		switch {
 		case a.err != nil:
 			errs = append(errs, a.err)
-		case a.found || a.leader:
-			return a.rec, a.found, nil
+		case a.leader || final(a.v):
+			return a.v, nil
 		default:
-			notFound = true
+			held, haveHeld = a.v, true
 		}
 	}
-	if notFound {
-		return events.LeaseRecord{}, false, nil
+	if haveHeld {
+		return held, nil
 	}
-	return events.LeaseRecord{}, false, fmt.Errorf("lease record %d: %w", seq, errors.Join(errs...))
+	return zero, errors.Join(errs...)
 }
 
-// record decodes the message at seq if it is a record of this lease.
-func (l *LeaseRecords) record(subject string, stored, seq uint64, data []byte) (events.LeaseRecord, bool) {
+// record decodes the message stored at stored, expected at seq, if it is a
+// record of this lease.
+func (l *LeaseRecords) record(subject string, stored, seq uint64, data []byte) leaseRead {
 	if subject != l.subject || stored != seq {
-		return events.LeaseRecord{}, false
+		return leaseRead{}
 	}
 	rec, err := events.DecodeLeaseRecord(data, seq)
 	if err != nil {
-		return events.LeaseRecord{}, false // not a record fan wrote: no term
+		return leaseRead{seq: seq} // not a record fan wrote: no term
 	}
-	return rec, true
+	return leaseRead{rec: rec, seq: seq, found: true}
 }
 
 // StoredAt returns when the message at seq was stored, if it is still
@@ -138,21 +209,4 @@ func (l *LeaseRecords) LastStored(ctx context.Context) (seq uint64, stored time.
 		return 0, time.Time{}, false, fmt.Errorf("last lease record: %w", err)
 	}
 	return m.Sequence, m.Time, true, nil
-}
-
-// Last returns the newest record on the lease subject and its sequence;
-// found is false when there is none (no leader, or every record expired).
-func (l *LeaseRecords) Last(ctx context.Context) (rec events.LeaseRecord, seq uint64, found bool, err error) {
-	m, err := l.stream.GetLastMsgForSubject(ctx, l.subject)
-	switch {
-	case errors.Is(err, jetstream.ErrMsgNotFound):
-		return events.LeaseRecord{}, 0, false, nil
-	case err != nil:
-		return events.LeaseRecord{}, 0, false, fmt.Errorf("last lease record: %w", err)
-	}
-	rec, err = events.DecodeLeaseRecord(m.Data, m.Sequence)
-	if err != nil {
-		return events.LeaseRecord{}, m.Sequence, false, nil
-	}
-	return rec, m.Sequence, true, nil
 }

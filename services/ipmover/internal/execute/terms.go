@@ -18,7 +18,9 @@ var ErrNoTerm = errors.New("epoch is not a lease term")
 // (*bus.LeaseRecords).
 type LeaseRecords interface {
 	At(ctx context.Context, seq uint64) (rec events.LeaseRecord, found bool, err error)
-	Last(ctx context.Context) (rec events.LeaseRecord, seq uint64, found bool, err error)
+	// Last is the newest record; a replica's answer that settles says
+	// so may come before the stream leader's (see *bus.LeaseRecords).
+	Last(ctx context.Context, settles func(rec events.LeaseRecord, seq uint64) bool) (rec events.LeaseRecord, seq uint64, found bool, err error)
 }
 
 // keepTerms is how many verified terms are remembered: one per leader
@@ -29,9 +31,8 @@ const keepTerms = 8
 // any replica of the command stream, and one on a server just cut off (not
 // yet known to be gone) never answers: waiting out the client's 5 s there
 // made a failover's first claim "stale" and cost a claim timeout (seen in
-// the colocated chaos). A record read (At) asks the stream's leader at the
-// same time, which covers that replica; the newest record (Last) does not.
-// Another request is routed afresh, so reads are retried until the
+// the colocated chaos). Both reads ask the stream's leader at the same
+// time, which covers that replica. Another request is routed afresh, so reads are retried until the
 // caller's context ends (the command's deadline).
 const readAttempt = 400 * time.Millisecond
 
@@ -108,7 +109,9 @@ func (t *LeaseTerms) Check(ctx context.Context, epoch, seq uint64) error {
 		found bool
 	}
 	cur, err := hedgedRead(ctx, func(ctx context.Context) (last, error) {
-		rec, seq, found, err := t.rec.Last(ctx)
+		// A renewal in the epoch's term proves the term, even from a
+		// replica that is behind: the term existed.
+		rec, seq, found, err := t.rec.Last(ctx, func(r events.LeaseRecord, seq uint64) bool { return r.Term(seq) == epoch })
 		return last{rec, seq, found}, err
 	})
 	if err != nil {

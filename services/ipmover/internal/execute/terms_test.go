@@ -26,7 +26,7 @@ func (r *records) At(_ context.Context, seq uint64) (events.LeaseRecord, bool, e
 	return rec, ok, nil
 }
 
-func (r *records) Last(context.Context) (events.LeaseRecord, uint64, bool, error) {
+func (r *records) Last(context.Context, func(events.LeaseRecord, uint64) bool) (events.LeaseRecord, uint64, bool, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.reads++
