@@ -179,3 +179,47 @@ func TestWakeNamesAClaimsDeadlineAndNothingWhileFollowing(t *testing.T) {
 		t.Fatalf("a follower asked to be woken at %s", w)
 	}
 }
+
+// TestLateHeartbeatsDoNotTakeAHolderOffTheBus: heartbeats come through the
+// live stream and beacons do not. After a partition heals, the stream can
+// deliver a node's heartbeats seconds late while its beacons arrive; a
+// holder in that state is on the bus, and its peers' reports of it down
+// (left over from their own cut, just healed) move nothing. Once its
+// beacons stop as well, the same reports move it at once.
+func TestLateHeartbeatsDoNotTakeAHolderOffTheBus(t *testing.T) {
+	const every = 100 * time.Millisecond
+	f := newFx(t, testConfig())
+	f.boot()
+	f.runBeacons(time.Second, every)
+	for _, obs := range []string{"n2", "n3"} {
+		if d := firstDecision(f.setPeer(obs, "n1", down)); d != nil && d.Action != events.ActionHold {
+			t.Fatalf("a holder heard on the bus moved on its peers' reports: %+v", d)
+		}
+	}
+	// Ten seconds, far past the heartbeat limit: n1's heartbeats do not
+	// arrive, the others' do, every node's beacons do.
+	for range 10 {
+		out := f.runBeacons(time.Second, every)
+		out.Emits = append(out.Emits, f.beat("n1").Emits...)
+		for _, e := range out.Emits {
+			if d, ok := e.Payload.(events.ArbiterDecision); ok && d.Action != events.ActionHold {
+				t.Fatalf("a holder whose beacons arrive moved on late heartbeats: %+v", d)
+			}
+		}
+	}
+	if h := f.c.Snapshot().Groups[0].Holder; h != "n1" {
+		t.Fatalf("holder %q, want n1 kept", h)
+	}
+	// It is still not eligible for anything new: what the arbiter knows of
+	// it is stale (its status says silent).
+	for _, n := range f.c.Snapshot().Groups[0].Nodes {
+		if n.Node == "n1" && !n.Silent {
+			t.Fatalf("n1's status %+v: want silent (heartbeats late)", n)
+		}
+	}
+	// Its beacons stop too: off the bus, unreachable, replaced.
+	d := firstDecision(f.runBeacons(500*time.Millisecond, every, "n1"))
+	if d == nil || d.Action != events.ActionFailover || d.From != "n1" || !strings.Contains(d.Reason, "cannot reach") {
+		t.Fatalf("want a failover away from n1 once its beacons stopped, got %+v", d)
+	}
+}

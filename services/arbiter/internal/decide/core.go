@@ -395,7 +395,7 @@ func (c *Core) Wake(now time.Time) time.Time {
 			consider(g.pending.deadline)
 			consider(c.quietUntil(g.pending.node).Add(time.Nanosecond))
 		case g.holder != "":
-			consider(c.quietUntil(g.holder).Add(time.Nanosecond))
+			consider(c.busQuietUntil(g.holder).Add(time.Nanosecond))
 		}
 	}
 	return next

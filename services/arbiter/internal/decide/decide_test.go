@@ -507,8 +507,9 @@ func TestConfigValidation(t *testing.T) {
 
 // TestClaimWaitsOnlyForReleasesOfNodesStillHeard: a holder that reports its
 // own PBX down is alive on the bus and lets go in milliseconds, so the
-// claim names its release for the claimant to wait on; a holder replaced
-// because it is silent cannot answer, so the claim names nothing to wait on.
+// claim names its release for the claimant to wait on, also while only its
+// beacons show it on the bus; a holder replaced because it is silent
+// cannot answer, so the claim names nothing to wait on.
 func TestClaimWaitsOnlyForReleasesOfNodesStillHeard(t *testing.T) {
 	claimOf := func(t *testing.T, out Output) (events.ClaimIP, string) {
 		t.Helper()
@@ -544,5 +545,19 @@ func TestClaimWaitsOnlyForReleasesOfNodesStillHeard(t *testing.T) {
 	claim, _ = claimOf(t, silent.setPeer("n3", "n1", down))
 	if len(claim.AfterReleases) != 0 {
 		t.Fatalf("holder silent: claim waits on %v, want nothing", claim.AfterReleases)
+	}
+
+	// Heartbeats late (they come through the live stream) but beacons
+	// arriving: the holder is on the bus and its executor answers.
+	late := newFx(t, testConfig())
+	late.boot()
+	const every = 100 * time.Millisecond
+	for range 8 {
+		late.runBeacons(time.Second, every)
+		late.beat("n1")
+	}
+	claim, release = claimOf(t, late.setSelf("n1", down))
+	if !slices.Equal(claim.AfterReleases, []string{release}) {
+		t.Fatalf("holder's heartbeats late, beacons arriving: claim waits on %v, want its release %s", claim.AfterReleases, release)
 	}
 }

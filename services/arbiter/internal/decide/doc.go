@@ -37,7 +37,9 @@
 //     starts first does not win the address for good.
 //   - The holder is down when its own prober reports the check down, or when
 //     it is silent on the bus and the fresh peers that have an opinion all
-//     report it down (at least one). A silent holder that a peer still
+//     report it down (at least one). For a holder that sends beacons, silent
+//     on the bus here means its beacons stopped: heartbeats that arrive late
+//     through the live stream do not make it so (busSilent). A silent holder that a peer still
 //     reaches, or that no peer has an opinion on, is held (invariant
 //     6 in docs/invariants.md: only move when clients are hurt). A down holder is replaced
 //     by the highest-priority other eligible node (failover): release to the

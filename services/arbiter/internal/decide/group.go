@@ -19,6 +19,41 @@ func (c *Core) silent(n string, now time.Time) bool {
 // quietUntil is the last instant at which n still counts as heard: after
 // it, n is silent until its next beacon or heartbeat.
 func (c *Core) quietUntil(n string) time.Time {
+	hb, beacon := c.heardUntil(n)
+	if !beacon.IsZero() && beacon.Before(hb) {
+		return beacon
+	}
+	return hb
+}
+
+// busQuietUntil is the last instant at which n still counts as on the bus:
+// for a node that sends beacons, when they stop; otherwise when its
+// heartbeats do. See busSilent.
+func (c *Core) busQuietUntil(n string) time.Time {
+	hb, beacon := c.heardUntil(n)
+	if !beacon.IsZero() {
+		return beacon
+	}
+	return hb
+}
+
+// busSilent reports whether the holder n is off the bus, the judgement
+// that lets its peers' reports move it. A node whose beacons still arrive
+// is on the bus even when its heartbeats are late: they come through the
+// live stream, which after a partition heals, a stream leader moves or
+// this arbiter's own delivery stalls can lag for seconds while the node is
+// fine. Counting that as silence let a peer's report of the holder down,
+// left over from a cut of that peer just healed, move a healthy holder
+// (seen in the three-server chaos). Late heartbeats still make a node
+// silent for everything else (eligibility, drained calls): what the
+// arbiter knows of it is stale.
+func (c *Core) busSilent(n string, now time.Time) bool {
+	return now.After(c.busQuietUntil(n))
+}
+
+// heardUntil is when n's heartbeats and when its beacons (zero: it sends
+// none) count as missed.
+func (c *Core) heardUntil(n string) (hb, beacon time.Time) {
 	ns := c.presence(n)
 	last := ns.lastHB
 	if last.IsZero() {
@@ -28,13 +63,10 @@ func (c *Core) quietUntil(n string) time.Time {
 	if adv := 3 * ns.hbInterval; adv > limit {
 		limit = adv // a node told us it beats slower: three of its beats
 	}
-	until := last.Add(limit)
 	if !ns.lastBeacon.IsZero() {
-		if b := ns.lastBeacon.Add(time.Duration(c.cfg.PresenceMisses)*ns.beaconEvery + c.cfg.PresenceGrace); b.Before(until) {
-			until = b
-		}
+		beacon = ns.lastBeacon.Add(time.Duration(c.cfg.PresenceMisses)*ns.beaconEvery + c.cfg.PresenceGrace)
 	}
-	return until
+	return last.Add(limit), beacon
 }
 
 // presence is the node whose heartbeats and beacons say whether n is heard:
@@ -167,7 +199,7 @@ func (c *Core) judgeHolder(g *groupState, h string, now time.Time) holderView {
 		}
 		return v
 	}
-	if !c.silent(h, now) {
+	if !c.busSilent(h, now) {
 		return holderView{}
 	}
 	var ups, downs []string
@@ -576,12 +608,13 @@ func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to
 	// Releases and the claim reach different executors at the same moment.
 	// A released node still on the bus lets go within milliseconds: the
 	// claimant waits for that (bounded) rather than announce while it still
-	// answers. A silent one cannot answer the bus, and is cut off or dead.
+	// answers. One off the bus (busSilent: its beacons stopped) cannot
+	// answer, and is cut off or dead.
 	var after []string
 	for i, n := range release {
 		c.emitCommand(out, d.Commands[i], events.ReleaseIP{Group: g.cfg.Name, Node: n, Addresses: g.cfg.Addresses, NotAfter: notAfter,
 			Reason: fmt.Sprintf("%s to %s", action, to)}, cause)
-		if !c.silent(n, now) {
+		if !c.busSilent(n, now) {
 			after = append(after, d.Commands[i])
 		}
 	}
