@@ -66,24 +66,8 @@ type leaseRead struct {
 // from a replica may only be a replica behind, so it waits for the
 // leader's word until the leader fails or ctx ends.
 func (l *LeaseRecords) At(ctx context.Context, seq uint64) (rec events.LeaseRecord, found bool, err error) {
-	got, err := askBoth(ctx,
-		func(ctx context.Context) (leaseRead, error) {
-			m, err := l.replica.GetMsg(ctx, seq)
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				return leaseRead{}, nil
-			}
-			if err != nil {
-				return leaseRead{}, err
-			}
-			return l.record(m.Subject, m.Sequence, seq, m.Data), nil
-		},
-		func(ctx context.Context) (leaseRead, error) {
-			m, err := leaderGet(ctx, l.nc, CommandsStream, leaderGetRequest{Seq: seq})
-			if err != nil || m == nil {
-				return leaseRead{}, err
-			}
-			return l.record(m.Subject, m.Sequence, seq, m.Data), nil
-		},
+	got, err := l.read(ctx, leaderGetRequest{Seq: seq},
+		func(ctx context.Context) (*jetstream.RawStreamMsg, error) { return l.replica.GetMsg(ctx, seq) },
 		func(r leaseRead) bool { return r.found })
 	if err != nil {
 		return events.LeaseRecord{}, false, fmt.Errorf("lease record %d: %w", seq, err)
@@ -102,29 +86,40 @@ func (l *LeaseRecords) At(ctx context.Context, seq uint64) (rec events.LeaseReco
 // first when settles says it answers the caller's question anyway (nil:
 // never), else only once the leader has failed.
 func (l *LeaseRecords) Last(ctx context.Context, settles func(rec events.LeaseRecord, seq uint64) bool) (rec events.LeaseRecord, seq uint64, found bool, err error) {
-	got, err := askBoth(ctx,
-		func(ctx context.Context) (leaseRead, error) {
-			m, err := l.replica.GetLastMsgForSubject(ctx, l.subject)
-			if errors.Is(err, jetstream.ErrMsgNotFound) {
-				return leaseRead{}, nil
-			}
-			if err != nil {
-				return leaseRead{}, err
-			}
-			return l.record(m.Subject, m.Sequence, m.Sequence, m.Data), nil
-		},
-		func(ctx context.Context) (leaseRead, error) {
-			m, err := leaderGet(ctx, l.nc, CommandsStream, leaderGetRequest{LastBySubject: l.subject})
-			if err != nil || m == nil {
-				return leaseRead{}, err
-			}
-			return l.record(m.Subject, m.Sequence, m.Sequence, m.Data), nil
+	got, err := l.read(ctx, leaderGetRequest{LastBySubject: l.subject},
+		func(ctx context.Context) (*jetstream.RawStreamMsg, error) {
+			return l.replica.GetLastMsgForSubject(ctx, l.subject)
 		},
 		func(r leaseRead) bool { return r.found && settles != nil && settles(r.rec, r.seq) })
 	if err != nil {
 		return events.LeaseRecord{}, 0, false, fmt.Errorf("last lease record: %w", err)
 	}
 	return got.rec, got.seq, got.found, nil
+}
+
+// read asks for one message of the lease both ways at once (askBoth):
+// directly, and through the stream's leader with req. A message that is
+// gone, or is not the lease's, reads as not found.
+func (l *LeaseRecords) read(ctx context.Context, req leaderGetRequest, direct func(context.Context) (*jetstream.RawStreamMsg, error), final func(leaseRead) bool) (leaseRead, error) {
+	return askBoth(ctx,
+		func(ctx context.Context) (leaseRead, error) {
+			m, err := direct(ctx)
+			if errors.Is(err, jetstream.ErrMsgNotFound) {
+				return leaseRead{}, nil
+			}
+			if err != nil {
+				return leaseRead{}, err
+			}
+			return l.record(m.Subject, m.Sequence, req.Seq, m.Data), nil
+		},
+		func(ctx context.Context) (leaseRead, error) {
+			m, err := leaderGet(ctx, l.nc, CommandsStream, req)
+			if err != nil || m == nil {
+				return leaseRead{}, err
+			}
+			return l.record(m.Subject, m.Sequence, req.Seq, m.Data), nil
+		},
+		final)
 }
 
 // askBoth runs a direct read and the same read through the leader at once.
@@ -170,10 +165,10 @@ func askBoth[T any](ctx context.Context, direct, leader func(context.Context) (T
 	return zero, errors.Join(errs...)
 }
 
-// record decodes the message stored at stored, expected at seq, if it is a
-// record of this lease.
-func (l *LeaseRecords) record(subject string, stored, seq uint64, data []byte) leaseRead {
-	if subject != l.subject || stored != seq {
+// record decodes the message stored at seq if it is a record of this
+// lease; want is the sequence asked for (0: the newest, wherever it is).
+func (l *LeaseRecords) record(subject string, seq, want uint64, data []byte) leaseRead {
+	if subject != l.subject || (want != 0 && seq != want) {
 		return leaseRead{}
 	}
 	rec, err := events.DecodeLeaseRecord(data, seq)

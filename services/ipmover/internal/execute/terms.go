@@ -32,8 +32,9 @@ const keepTerms = 8
 // yet known to be gone) never answers: waiting out the client's 5 s there
 // made a failover's first claim "stale" and cost a claim timeout (seen in
 // the colocated chaos). Both reads ask the stream's leader at the same
-// time, which covers that replica. Another request is routed afresh, so reads are retried until the
-// caller's context ends (the command's deadline).
+// time, which covers that replica. Another request is routed afresh, so
+// reads are retried until the caller's context ends (the command's
+// deadline).
 const readAttempt = 400 * time.Millisecond
 
 // hedgeAfter is how long a read may go unanswered before the same read is
