@@ -2,6 +2,7 @@ package chaos
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -71,6 +72,48 @@ func TestGenerateCoversEveryFault(t *testing.T) {
 
 // On a three-server bus the NATS faults hit one server: its kill -9 and
 // its routes cut, on the holder's, the standby's and the witness's host.
+// A schedule written by hand reads back what Fault.String prints, gap
+// included, and is refused where a generated one would be.
+func TestParseSchedule(t *testing.T) {
+	lim := DefaultLimits()
+	lim.ServerFaults = true
+	gen := Generate(7, 5*time.Minute, lim)
+	var parts []string
+	for _, f := range gen {
+		parts = append(parts, fmt.Sprintf("%s gap=%v", f, f.Gap))
+	}
+	got, err := ParseSchedule(strings.Join(parts, "; "), lim)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, gen) {
+		t.Fatalf("read back\n%v\nwant\n%v", got, gen)
+	}
+	got, err = ParseSchedule("nats-kill standby hold=1s; kill-service holder fan-prober hold=2s gap=5s", lim)
+	want := []Fault{{Kind: NATSKill, Target: Standby, Hold: time.Second, Gap: lim.Gap[0]},
+		{Kind: KillService, Target: Holder, Service: "fan-prober", Hold: 2 * time.Second, Gap: 5 * time.Second}}
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %v, %v; want %v", got, err, want)
+	}
+	single := DefaultLimits()
+	for name, text := range map[string]string{
+		"empty":             " ; ",
+		"hold out of range": "link-cut holder hold=1m",
+		"gap too short":     "link-cut holder hold=3s gap=1s",
+		"unknown setting":   "link-cut holder hold=3s wait=1s",
+		"bad duration":      "link-cut holder hold=three",
+		"no target":         "link-cut hold=3s",
+		"service on ctl":    "kill-service ctl fan-prober hold=1s",
+	} {
+		if _, err := ParseSchedule(text, lim); err == nil {
+			t.Errorf("%s: %q accepted", name, text)
+		}
+	}
+	if _, err := ParseSchedule("nats-kill standby hold=1s", single); err == nil {
+		t.Error("a server fault accepted for a one-server bus")
+	}
+}
+
 func TestGenerateServerFaults(t *testing.T) {
 	lim := DefaultLimits()
 	lim.ServerFaults = true

@@ -40,6 +40,8 @@ type Config struct {
 	// fall, and a cut PBX host may take a leader whose election (4 to 9 s)
 	// no outage bound covers. For comparison only.
 	Unplaced bool
+	// Schedule, when set (ParseSchedule), is run instead of the seed's.
+	Schedule []Fault
 }
 
 // Injected is a fault as it was carried out.
@@ -122,7 +124,10 @@ func Run(ctx context.Context, cfg Config) (res Result, err error) {
 	// The tail after the last fault: settle, then observe a little longer.
 	// The schedule is generated for more time than the run has (faults often
 	// settle faster than budgeted); the runner stops when the time is up.
-	schedule := Generate(cfg.Seed, 3*cfg.Duration, cfg.Limits)
+	schedule := cfg.Schedule
+	if schedule == nil {
+		schedule = Generate(cfg.Seed, 3*cfg.Duration, cfg.Limits)
+	}
 	if err := Check(schedule, cfg.Limits); err != nil {
 		return res, fmt.Errorf("schedule for seed %d: %w", cfg.Seed, err)
 	}

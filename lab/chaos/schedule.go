@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -233,4 +234,52 @@ func Check(s []Fault, lim Limits) error {
 		}
 	}
 	return nil
+}
+
+// ParseSchedule reads a schedule written by hand, to replay one sequence of
+// faults on purpose (a shape a seeded run met once, say): faults separated
+// by ";", each "kind target [service] hold=D [gap=D]" as Fault.String
+// prints it, gap defaulting to the limits' shortest. The runner checks it
+// as it checks a generated one.
+func ParseSchedule(text string, lim Limits) ([]Fault, error) {
+	var out []Fault
+	for i, part := range strings.Split(text, ";") {
+		words := strings.Fields(part)
+		if len(words) == 0 {
+			continue
+		}
+		f := Fault{Gap: lim.Gap[0]}
+		var rest []string
+		for _, w := range words {
+			key, val, ok := strings.Cut(w, "=")
+			if !ok {
+				rest = append(rest, w)
+				continue
+			}
+			d, err := time.ParseDuration(val)
+			if err != nil {
+				return nil, fmt.Errorf("fault %d: %s: %w", i, key, err)
+			}
+			switch key {
+			case "hold":
+				f.Hold = d
+			case "gap":
+				f.Gap = d
+			default:
+				return nil, fmt.Errorf("fault %d: unknown setting %q (hold or gap)", i, key)
+			}
+		}
+		if len(rest) < 2 || len(rest) > 3 {
+			return nil, fmt.Errorf("fault %d: %q: want \"kind target [service] hold=D [gap=D]\"", i, strings.TrimSpace(part))
+		}
+		f.Kind, f.Target = Kind(rest[0]), Target(rest[1])
+		if len(rest) == 3 {
+			f.Service = rest[2]
+		}
+		out = append(out, f)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("schedule %q has no fault", text)
+	}
+	return out, Check(out, lim)
 }

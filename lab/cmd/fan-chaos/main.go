@@ -43,11 +43,21 @@ func run() int {
 	verbose := flag.Bool("v", false, "print every episode and outage, and lab progress")
 	topoFlag := flag.String("topology", "single", "where NATS and the arbiters run: single, colocated or dedicated (the last two add the faults of one NATS server: kill -9, routes cut)")
 	placement := flag.Bool("leader-placement", true, "three-server topologies: run as the production guide configures them (bus.leader_servers, standby: true on the PBX hosts' arbiters); =false leaves the raft leaders and the lease where they fall, which no outage bound covers")
+	scheduleText := flag.String("schedule", "", `faults to run instead of the seed's, separated by ";", each "kind target [service] hold=D [gap=D]" (e.g. "nats-kill standby hold=1s; link-cut holder hold=6s gap=3s")`)
 	flag.Parse()
 	topo, err := stack.ParseTopology(*topoFlag)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fan-chaos:", err)
 		return 2
+	}
+	var schedule []chaos.Fault
+	if *scheduleText != "" {
+		lim := chaos.DefaultLimits()
+		lim.ServerFaults = topo != stack.TopologySingle
+		if schedule, err = chaos.ParseSchedule(*scheduleText, lim); err != nil {
+			fmt.Fprintln(os.Stderr, "fan-chaos: -schedule:", err)
+			return 2
+		}
 	}
 	if *seed == 0 {
 		*seed = uint64(time.Now().UnixNano())
@@ -69,9 +79,13 @@ func run() int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 
-	fmt.Printf("fan-chaos: seed=%d (replay with -seed %d -duration %v -topology %s -leader-placement=%t)\n", *seed, *seed, *duration, topo, *placement)
+	replay := fmt.Sprintf("-seed %d -duration %v -topology %s -leader-placement=%t", *seed, *duration, topo, *placement)
+	if schedule != nil {
+		replay = fmt.Sprintf("-schedule %q -duration %v -topology %s -leader-placement=%t", *scheduleText, *duration, topo, *placement)
+	}
+	fmt.Printf("fan-chaos: seed=%d (replay with %s)\n", *seed, replay)
 	res, err := chaos.Run(ctx, chaos.Config{BinDir: absBin, Duration: *duration, Seed: *seed, Out: os.Stdout, Log: log, Verbose: *verbose,
-		Topology: topo, Unplaced: !*placement})
+		Topology: topo, Unplaced: !*placement, Schedule: schedule})
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
 			fmt.Fprintf(os.Stderr, "fan-chaos: interrupted after %d faults; healed and torn down (seed %d)\n", len(res.Injected), *seed)
@@ -86,7 +100,7 @@ func run() int {
 		for _, v := range res.Violations {
 			fmt.Fprintln(os.Stderr, "INVARIANT BROKEN:", v)
 		}
-		fmt.Fprintf(os.Stderr, "fan-chaos: replay with -seed %d -duration %v -topology %s -leader-placement=%t\n", *seed, *duration, topo, *placement)
+		fmt.Fprintf(os.Stderr, "fan-chaos: replay with %s\n", replay)
 		return 1
 	}
 	return 0

@@ -28,8 +28,9 @@ const homeProbeTimeout = 2 * time.Second
 // A preferred server counts as back only when, on a connection of its
 // own, it answers for the state bucket's stream (which needs the stream's
 // raft leader): a server that is up but cut off from the cluster is no
-// place to return to. The move itself is a reconnect, which the order
-// (serverOrder) sends to the first server that has not just failed.
+// place to return to. The move itself is a reconnect that the order
+// (serverOrder.move) sends to that server; should its dial fail, the
+// order's usual choice follows.
 func (b *Bus) home(order *serverOrder, auth []nats.Option, stop <-chan struct{}) {
 	t := time.NewTicker(homeEvery)
 	defer t.Stop()
@@ -50,7 +51,9 @@ func (b *Bus) home(order *serverOrder, auth []nats.Option, stop <-chan struct{})
 			}
 			b.log.Info("bus: a preferred server answers again; moving back to it",
 				"from", cur, "to", order.prefer[i])
+			cancel := order.move(order.prefer[i])
 			if err := b.NC.ForceReconnect(); err != nil {
+				cancel()
 				b.log.Warn("bus: reconnect to the preferred server failed", "err", err)
 			}
 			break

@@ -44,6 +44,13 @@ func TestConnectionReturnsToItsPreferredServer(t *testing.T) {
 	if !strings.Contains(logs.String(), "a preferred server answers again") {
 		t.Errorf("the move back was not logged:\n%s", logs.String())
 	}
+	// The move went straight home: never to the third server, which in
+	// the witness topology is the other PBX host's (a move soon after the
+	// home server's restart once went there, the home server having
+	// failed a moment before and the second being left).
+	if third := "server=" + c.URL("n3"); strings.Contains(logs.String(), third) {
+		t.Errorf("the connection went to n3 on its way home:\n%s", logs.String())
+	}
 	// And it works there: a write through the state bucket.
 	kv, err := b.WaitStateKV(ctx)
 	if err != nil {

@@ -35,6 +35,7 @@ type serverOrder struct {
 	failed  map[string]time.Time // host:port -> last failed dial or lost connection
 	tried   string               // the dial in flight, "" once connected
 	current string               // host:port connected to, "" once lost
+	moveTo  string               // host:port a deliberate move (home) dials next
 }
 
 // serverFailedFor is how long a server whose dial failed is passed over
@@ -89,8 +90,19 @@ func (o *serverOrder) pick(pool []nats.Server, _ nats.ServerInfo) (*nats.Server,
 		o.failed[o.tried] = now
 	}
 	if o.current != "" {
-		o.failed[o.current] = now
+		if o.moveTo == "" {
+			o.failed[o.current] = now
+		}
 		o.current = ""
+	}
+	if to := o.moveTo; to != "" {
+		o.moveTo = ""
+		for i := range pool {
+			if pool[i].URL != nil && pool[i].URL.Host == to {
+				o.tried = to
+				return &pool[i], 0
+			}
+		}
 	}
 	best, oldest := -1, -1
 	for i := range pool {
@@ -121,6 +133,30 @@ func (o *serverOrder) pick(pool []nats.Server, _ nats.ServerInfo) (*nats.Server,
 		return &pool[oldest], o.retryWait
 	}
 	return nil, 0 // nats.go's own choice
+}
+
+// move makes the next reconnect a deliberate move to host, which has just
+// answered (home's probe): it is dialled first even if it failed a moment
+// ago, and the server left behind is not counted as failed. Without this,
+// a move home within serverFailedFor of the home server's restart passed
+// over that server (it had failed) and the one left (it was "lost"), and
+// went to the only other: in the colocated chaos a PBX host's prober, sent
+// home 3 s after its own server came back, landed on the other PBX host's
+// server, lost the bus with that host's link cut a few seconds later, and
+// the arbiter, hearing no peer report on the cut holder, held for 6 s.
+// cancel undoes a move whose reconnect could not start.
+func (o *serverOrder) move(host string) (cancel func()) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.moveTo = host
+	delete(o.failed, host)
+	return func() {
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if o.moveTo == host {
+			o.moveTo = ""
+		}
+	}
 }
 
 // options make a connection dial in this order. Its reconnect handler must

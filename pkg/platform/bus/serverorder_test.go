@@ -68,3 +68,51 @@ func TestServerOrderSingleServer(t *testing.T) {
 		t.Fatalf("serverHost = %q", got)
 	}
 }
+
+// TestServerOrderMove: a move home (home's probe saw the server answer)
+// dials that server although it failed a moment ago, and does not count the
+// server left behind as failed, so a move whose dial fails returns there
+// rather than to the other PBX host's server. Before, such a move within
+// serverFailedFor of the home server's failure passed over both and went
+// to the third.
+func TestServerOrderMove(t *testing.T) {
+	now := time.Unix(1000, 0)
+	o := newServerOrder("nats://own:4222,nats://witness:4222,nats://other:4222", 250*time.Millisecond)
+	o.now = func() time.Time { return now }
+	pool := poolOf("own:4222", "witness:4222", "other:4222")
+	pick := func() string {
+		t.Helper()
+		s, d := o.pick(pool, nats.ServerInfo{})
+		if s == nil || d != 0 {
+			t.Fatalf("picked %v after %v", s, d)
+		}
+		now = now.Add(100 * time.Millisecond)
+		return s.URL.Host
+	}
+	o.connected("nats://own:4222")
+	if got := pick(); got != "witness:4222" { // own's connection lost
+		t.Fatalf("after losing own: %s", got)
+	}
+	o.connected("nats://witness:4222")
+	now = now.Add(2 * time.Second) // own is back, well within serverFailedFor
+
+	o.move("own:4222")
+	if got := pick(); got != "own:4222" {
+		t.Fatalf("the move home dialled %s", got)
+	}
+	// Own's dial fails after all: back to the witness, not the other host.
+	if got := pick(); got != "witness:4222" {
+		t.Fatalf("after the move's dial failed: %s, want the witness it left", got)
+	}
+	o.connected("nats://witness:4222")
+
+	// A move that never started leaves the order as it was.
+	cancel := o.move("own:4222")
+	cancel()
+	if got := pick(); got != "own:4222" { // own's failure mark was cleared by the probe's answer
+		t.Fatalf("after a cancelled move and a lost connection: %s", got)
+	}
+	if o.failed["witness:4222"] != now.Add(-100*time.Millisecond) {
+		t.Fatalf("a connection lost for real was not counted as failed: %v", o.failed)
+	}
+}
