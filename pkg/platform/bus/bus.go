@@ -302,6 +302,9 @@ type Bus struct {
 	// homeStop ends home (the way back to the preferred server); homeDone
 	// is closed once it has.
 	homeStop, homeDone chan struct{}
+	// homeWake wakes home after each reconnect: a connection that moved
+	// off its preferred server looks for it soon.
+	homeWake chan struct{}
 }
 
 // onReconnect calls f after every reconnect until the returned function is
@@ -366,7 +369,7 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	b := &Bus{cfg: cfg, id: id, log: log, refused: newRefusedCounter()}
+	b := &Bus{cfg: cfg, id: id, log: log, refused: newRefusedCounter(), homeWake: make(chan struct{}, 1)}
 	// bus.url is an order of preference (serverOrder).
 	order := newServerOrder(cfg.URL, reconnectWait)
 	opts := append(order.options(), liveness(cfg)...)
@@ -378,6 +381,10 @@ func Connect(ctx context.Context, cfg Config, id Identity, log *slog.Logger) (*B
 		nats.ReconnectHandler(func(nc *nats.Conn) {
 			order.connected(nc.ConnectedUrl())
 			log.Info("bus reconnected", "server", nc.ConnectedUrlRedacted())
+			select {
+			case b.homeWake <- struct{}{}:
+			default:
+			}
 			b.reconnectMu.Lock()
 			defer b.reconnectMu.Unlock()
 			for _, f := range b.reconnected {

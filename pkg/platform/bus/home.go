@@ -14,6 +14,16 @@ import (
 // first looks whether one it prefers is back.
 var homeEvery = 10 * time.Second
 
+// homeFirstLook is how often the connection looks during the first
+// homeEvery after a reconnect; from then on it looks every homeEvery. A
+// restarted server takes a few seconds to answer for the state bucket, and
+// until the look that sees it the connection may sit on a server it must
+// not stay on: in the colocated chaos the witness's arbiter, moved to a PBX
+// host's server when its own was killed for a second, stayed there 15 s at
+// one look every 10 s, lost the bus with that host's link cut 10 s after
+// the kill, and with it the lease in the middle of the failover.
+var homeFirstLook = time.Second
+
 // homeProbeTimeout bounds one look at a preferred server: the dial, the
 // login and one JetStream request.
 const homeProbeTimeout = 2 * time.Second
@@ -32,14 +42,29 @@ const homeProbeTimeout = 2 * time.Second
 // (serverOrder.move) sends to that server; should its dial fail, the
 // order's usual choice follows.
 func (b *Bus) home(order *serverOrder, auth []nats.Option, stop <-chan struct{}) {
-	t := time.NewTicker(homeEvery)
+	// Even the first connection may have landed on a server it prefers
+	// less (its own was down when the service started).
+	every, first := homeEvery, min(homeFirstLook, homeEvery)
+	moved := time.Now()
+	next := func() time.Duration {
+		if time.Since(moved) < every {
+			return first
+		}
+		return every
+	}
+	t := time.NewTimer(next())
 	defer t.Stop()
 	for {
 		select {
 		case <-stop:
 			return
+		case <-b.homeWake:
+			moved = time.Now()
+			t.Reset(next())
+			continue
 		case <-t.C:
 		}
+		t.Reset(next())
 		if !b.NC.IsConnected() {
 			continue // the reconnect in progress follows the order anyway
 		}
