@@ -164,6 +164,11 @@ func (h *HTTP) judge(resp *http.Response) error {
 // a new connection, as net/http's client does for a GET.
 func (h *HTTP) roundTrip(ctx context.Context) (*http.Response, error) {
 	for {
+		if h.conn != nil && h.in.Buffered() > 0 {
+			// Bytes after the last answer: not a connection to read the
+			// next answer from.
+			h.drop()
+		}
 		reused := h.conn != nil
 		if !reused {
 			if err := h.dial(ctx); err != nil {

@@ -121,27 +121,47 @@ func TestHTTPKeptConnection(t *testing.T) {
 	wantFail(t, "slow", run(t, slow, 150*time.Millisecond), events.ErrorTimeout)
 }
 
+// A server that sends more than one answer to a GET: the extra bytes are
+// not taken for the next run's answer.
+func TestHTTPExtraBytesAfterAnswer(t *testing.T) {
+	var accepted atomic.Int64
+	ln := serveTCP(t, func(c net.Conn) {
+		n := accepted.Add(1)
+		buf := make([]byte, 4096)
+		for {
+			if _, err := c.Read(buf); err != nil {
+				return
+			}
+			// The first connection's first answer carries a stray
+			// second one saying 503.
+			answer := "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+			if n == 1 {
+				answer += "HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\n\r\n"
+			}
+			n = 0
+			if _, err := c.Write([]byte(answer)); err != nil {
+				return
+			}
+		}
+	})
+	codes2xx, _ := ParseCodes([]string{"2xx"})
+	h := NewHTTP("http://"+ln.Addr().String()+"/", codes2xx, nil, false)
+	defer h.Close()
+	wantOK(t, "first answer", run(t, h, time.Second))
+	wantOK(t, "the stray 503 is not this run's answer", run(t, h, time.Second))
+	if got := accepted.Load(); got != 2 {
+		t.Fatalf("%d connections, want 2 (the one with stray bytes dropped)", got)
+	}
+}
+
 // A server that answers with something that is not HTTP fails the run,
 // and a server gone between runs fails it as refused.
 func TestHTTPNotHTTPAndGone(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 1024)
-				_, _ = c.Read(buf)
-				_, _ = c.Write([]byte("SIP/2.0 200 OK\r\n\r\n"))
-			}()
-		}
-	}()
+	ln := serveTCP(t, func(c net.Conn) {
+		buf := make([]byte, 1024)
+		_, _ = c.Read(buf)
+		_, _ = c.Write([]byte("SIP/2.0 200 OK\r\n\r\n"))
+	})
 	codes2xx, _ := ParseCodes([]string{"2xx"})
 	h := NewHTTP("http://"+ln.Addr().String()+"/", codes2xx, nil, false)
 	defer h.Close()
@@ -150,4 +170,29 @@ func TestHTTPNotHTTPAndGone(t *testing.T) {
 	}
 	ln.Close()
 	wantFail(t, "server gone", run(t, h, time.Second), events.ErrorRefused)
+}
+
+// serveTCP answers every connection to a loopback listener with serve, on
+// a goroutine of its own, and closes the connection after; the listener
+// closes with the test.
+func serveTCP(t *testing.T, serve func(net.Conn)) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				serve(c)
+			}()
+		}
+	}()
+	return ln
 }
