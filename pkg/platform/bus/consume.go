@@ -739,15 +739,31 @@ func (b *Bus) handleCommand(ctx context.Context, node string, m jetstream.Msg, h
 	if md, err := m.Metadata(); err == nil {
 		seq = md.Sequence.Stream
 	}
+	// A command can take longer than executorAckWait (a claim waits for a
+	// release, probes, announces): say it is being worked on, so it is not
+	// sent again meanwhile.
+	working := make(chan struct{})
+	go func() {
+		t := time.NewTicker(executorProgressEvery)
+		defer t.Stop()
+		for {
+			select {
+			case <-working:
+				return
+			case <-t.C:
+				_ = m.InProgress()
+			}
+		}
+	}()
 	h(ctx, env, cmd, seq)
+	close(working)
 	b.ack(ctx, m, env.ID)
 }
 
 // ackTries bounds the retries of a command's acknowledgement. While the
 // consumer's leader is being elected an ack gets no answer; the retries
-// span a leader election that the steward did not avoid (4 to 9 s), so the
-// command is not redelivered after it was carried out. If they all fail the
-// command comes back after the consumer's AckWait and the executor's
+// span a leader election that the steward did not avoid (4 to 9 s). The
+// command may be sent again meanwhile (executorAckWait); the executor's
 // at-most-once record answers it as a duplicate.
 const ackTries = 6
 

@@ -15,3 +15,6 @@ func SetHomeEvery(d time.Duration) time.Duration {
 type Replica = replica
 
 func SetReplica(l *LeaseRecords, r Replica) { l.replica = r }
+
+// ExecutorAckWait is how long a delivered command may go unacknowledged.
+const ExecutorAckWait = executorAckWait

@@ -212,9 +212,28 @@ func streamDiff(have, want jetstream.StreamConfig) string {
 	return ""
 }
 
+// executorAckWait is how long a command delivered to an executor may go
+// unacknowledged before the server sends it again; an executor at work on
+// one says so every executorProgressEvery (ConsumeCommands). With one
+// message in flight per node, a command delivered into a connection that
+// died (the node cut off just then) blocks every later command for that
+// node until it comes back: with 30 s here it was removed first, at its
+// deadline, and the claim of a failover to that node, 3 s after its link
+// came back, waited out the lost release's 10 s (2.8 s outage in the
+// chaos run; every run of that shape).
+const (
+	executorAckWait       = 2 * time.Second
+	executorProgressEvery = 500 * time.Millisecond
+)
+
 // ExecutorConsumer returns (creating it when missing) the durable consumer
 // through which one node's executor reads its commands. One message in
-// flight at a time keeps commands for a node in order.
+// flight at a time keeps commands for a node in order. A command is sent
+// again until acknowledged or removed at its deadline (the stream's
+// per-message TTL), however often: a node cut off for longer than a few
+// deliveries gets it when it is back, if it is still due, and a command
+// carried out before the acknowledgement was lost comes back as a duplicate
+// that the executor's record answers.
 func (b *Bus) ExecutorConsumer(ctx context.Context, node string) (jetstream.Consumer, error) {
 	name := events.ExecutorConsumer(b.id.Cluster, node)
 	cfg := jetstream.ConsumerConfig{
@@ -222,8 +241,8 @@ func (b *Bus) ExecutorConsumer(ctx context.Context, node string) (jetstream.Cons
 		Description:   "commands for " + node,
 		FilterSubject: events.NodeCommands(b.id.Cluster, node),
 		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxDeliver:    5,
+		AckWait:       executorAckWait,
+		MaxDeliver:    -1,
 		MaxAckPending: 1,
 		DeliverPolicy: jetstream.DeliverAllPolicy,
 	}
