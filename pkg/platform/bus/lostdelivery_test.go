@@ -3,9 +3,7 @@ package bus_test
 import (
 	"context"
 	"log/slog"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -14,98 +12,6 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
 )
-
-// cutProxy stands for a link that is cut and comes back: while cut nothing
-// crosses either way, and what was sent meanwhile arrives after the heal
-// (as TCP retransmits it); a connection opened while cut is carried once
-// healed.
-type cutProxy struct {
-	ln      net.Listener
-	backend string
-	mu      sync.Mutex
-	healed  *sync.Cond
-	cut     bool
-	conns   []net.Conn
-}
-
-func newCutProxy(t *testing.T, backend string) *cutProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &cutProxy{ln: ln, backend: backend}
-	p.healed = sync.NewCond(&p.mu)
-	t.Cleanup(p.close)
-	go p.serve()
-	return p
-}
-
-func (p *cutProxy) url() string { return "nats://" + p.ln.Addr().String() }
-
-func (p *cutProxy) setCut(cut bool) {
-	p.mu.Lock()
-	p.cut = cut
-	p.mu.Unlock()
-	p.healed.Broadcast()
-}
-
-func (p *cutProxy) waitHealed() {
-	p.mu.Lock()
-	for p.cut {
-		p.healed.Wait()
-	}
-	p.mu.Unlock()
-}
-
-func (p *cutProxy) serve() {
-	for {
-		c, err := p.ln.Accept()
-		if err != nil {
-			return
-		}
-		go func() {
-			p.waitHealed()
-			b, err := net.Dial("tcp", p.backend)
-			if err != nil {
-				c.Close()
-				return
-			}
-			p.mu.Lock()
-			p.conns = append(p.conns, c, b)
-			p.mu.Unlock()
-			go p.pipe(b, c)
-			go p.pipe(c, b)
-		}()
-	}
-}
-
-func (p *cutProxy) pipe(dst, src net.Conn) {
-	defer dst.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			p.waitHealed()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (p *cutProxy) close() {
-	p.ln.Close()
-	p.setCut(false)
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, c := range p.conns {
-		c.Close()
-	}
-}
 
 // A command delivered while its executor's link is cut is lost with the
 // connection the executor then gives up on. It must not hold back the next
@@ -117,7 +23,7 @@ func (p *cutProxy) close() {
 func TestCommandLostInACutDoesNotHoldTheNext(t *testing.T) {
 	s := bustest.Server(t)
 	arb := bustest.Connect(t, s, ident("arbiter", "ctl"))
-	proxy := newCutProxy(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
+	proxy := newLinkProxy(t, strings.TrimPrefix(s.ClientURL(), "nats://"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const ping = 200 * time.Millisecond

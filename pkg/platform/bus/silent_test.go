@@ -2,7 +2,6 @@ package bus_test
 
 import (
 	"context"
-	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -17,35 +16,57 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// silentProxy stands for a NATS server that goes silent without closing
-// anything (a frozen process, a host cut off behind a switch): once frozen
-// it forwards nothing either way and accepts new connections into silence,
-// so no reset or EOF ever tells a client.
-type silentProxy struct {
+// linkProxy stands for the link to a NATS server. Cut, nothing crosses
+// either way, not even a close, and no reset or EOF tells anyone: a frozen
+// process, a host cut off behind a switch. Healed, what was sent meanwhile
+// arrives (as TCP retransmits it), and a connection opened while cut is
+// carried.
+type linkProxy struct {
 	ln      net.Listener
 	backend string
-	frozen  atomic.Bool
-	// dialledWhileFrozen counts connections accepted into silence.
-	dialledWhileFrozen atomic.Int32
-	mu                 sync.Mutex
-	conns              []net.Conn
+	// dialledWhileCut counts connections accepted while cut.
+	dialledWhileCut atomic.Int32
+
+	mu     sync.Mutex
+	healed *sync.Cond
+	cut    bool
+	closed bool
+	conns  []net.Conn
 }
 
-func newSilentProxy(t *testing.T, backend string) *silentProxy {
+func newLinkProxy(t *testing.T, backend string) *linkProxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	p := &silentProxy{ln: ln, backend: backend}
+	p := &linkProxy{ln: ln, backend: backend}
+	p.healed = sync.NewCond(&p.mu)
 	t.Cleanup(p.close)
 	go p.serve()
 	return p
 }
 
-func (p *silentProxy) url() string { return "nats://" + p.ln.Addr().String() }
+func (p *linkProxy) url() string { return "nats://" + p.ln.Addr().String() }
 
-func (p *silentProxy) serve() {
+func (p *linkProxy) setCut(cut bool) {
+	p.mu.Lock()
+	p.cut = cut
+	p.mu.Unlock()
+	p.healed.Broadcast()
+}
+
+// waitHealed blocks while the link is cut; false once the proxy is closed.
+func (p *linkProxy) waitHealed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for p.cut && !p.closed {
+		p.healed.Wait()
+	}
+	return !p.closed
+}
+
+func (p *linkProxy) serve() {
 	for {
 		c, err := p.ln.Accept()
 		if err != nil {
@@ -53,46 +74,59 @@ func (p *silentProxy) serve() {
 		}
 		p.mu.Lock()
 		p.conns = append(p.conns, c)
-		p.mu.Unlock()
-		if p.frozen.Load() {
-			p.dialledWhileFrozen.Add(1)
-			continue // held open, never answered
+		if p.cut {
+			p.dialledWhileCut.Add(1)
 		}
-		b, err := net.Dial("tcp", p.backend)
-		if err != nil {
-			c.Close()
-			continue
-		}
-		p.mu.Lock()
-		p.conns = append(p.conns, b)
 		p.mu.Unlock()
-		go p.pipe(b, c)
-		go p.pipe(c, b)
+		go func() {
+			if !p.waitHealed() {
+				return
+			}
+			b, err := net.Dial("tcp", p.backend)
+			if err != nil {
+				c.Close()
+				return
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, b)
+			p.mu.Unlock()
+			go p.pipe(b, c)
+			go p.pipe(c, b)
+		}()
 	}
 }
 
-// pipe copies until frozen, then stops reading: what the peer sends stays
-// unread, and nothing more arrives at the other side.
-func (p *silentProxy) pipe(dst io.Writer, src io.Reader) {
+// pipe copies src to dst while the link is up; an end of src crosses as
+// a close of dst, also only while up.
+func (p *linkProxy) pipe(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if err != nil || p.frozen.Load() {
+		if !p.waitHealed() {
 			return
 		}
-		if _, err := dst.Write(buf[:n]); err != nil {
+		if n > 0 {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				dst.Close()
+				return
+			}
+		}
+		if err != nil {
+			dst.Close()
 			return
 		}
 	}
 }
 
-func (p *silentProxy) close() {
+func (p *linkProxy) close() {
 	p.ln.Close()
 	p.mu.Lock()
-	defer p.mu.Unlock()
+	p.closed = true
 	for _, c := range p.conns {
 		c.Close()
 	}
+	p.mu.Unlock()
+	p.healed.Broadcast()
 }
 
 // TestEveryConnectionLeavesASilentServer: a service's own connection and
@@ -127,7 +161,7 @@ func TestEveryConnectionLeavesASilentServer(t *testing.T) {
 	for name, connect := range connectors {
 		t.Run(name, func(t *testing.T) {
 			first, second := bustest.Server(t), bustest.Server(t)
-			proxy := newSilentProxy(t, strings.TrimPrefix(first.ClientURL(), "nats://"))
+			proxy := newLinkProxy(t, strings.TrimPrefix(first.ClientURL(), "nats://"))
 			cfg := bus.Config{URL: proxy.url() + "," + second.ClientURL(), PingInterval: config.Duration(ping), ConnectOnce: true}
 			nc, closeConn, err := connect(cfg)
 			if err != nil {
@@ -141,7 +175,7 @@ func TestEveryConnectionLeavesASilentServer(t *testing.T) {
 				}
 				time.Sleep(10 * time.Millisecond)
 			}
-			proxy.frozen.Store(true)
+			proxy.setCut(true)
 			frozenAt := time.Now()
 			// Two unanswered pings, then the next server: well under 5 s.
 			for nc.ConnectedUrl() != second.ClientURL() {
@@ -151,7 +185,7 @@ func TestEveryConnectionLeavesASilentServer(t *testing.T) {
 				time.Sleep(10 * time.Millisecond)
 			}
 			t.Logf("left the silent server after %v", time.Since(frozenAt).Round(time.Millisecond))
-			if n := proxy.dialledWhileFrozen.Load(); n != 0 {
+			if n := proxy.dialledWhileCut.Load(); n != 0 {
 				t.Errorf("dialled the silent server %d times before the next one", n)
 			}
 		})
