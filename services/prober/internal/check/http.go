@@ -213,10 +213,7 @@ func (h *HTTP) exchange() (*http.Response, error) {
 // once on a cancel. stop reports false when ctx had already ended the
 // exchange.
 func (h *HTTP) watch(ctx context.Context) (stop func() bool) {
-	deadline, ok := ctx.Deadline()
-	if !ok {
-		deadline = time.Time{}
-	}
+	deadline, _ := ctx.Deadline() // zero, no deadline, when ctx has none
 	_ = h.conn.SetDeadline(deadline)
 	conn := h.conn
 	return context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
