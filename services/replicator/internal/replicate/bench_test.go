@@ -33,6 +33,7 @@ import (
 // writes a CPU profile and an execution trace of the initial sync alone;
 // FAN_BENCH_STORE_PASS_MIB sets store_pass_mib (default 64; 0 turns direct
 // transfer off);
+// FAN_BENCH_WORKERS sets workers (default 4);
 // FAN_BENCH_ROUNDS sets the latency rounds (default 100); FAN_TEST_DEBUG=1
 // logs every pass.
 func BenchmarkVersusRsync(b *testing.B) {
@@ -48,6 +49,7 @@ func BenchmarkVersusRsync(b *testing.B) {
 		storePass = int64(max(v, 0)) << 20
 	}
 	total := envInt("FAN_BENCH_BYTES", 1<<30)
+	workers := envInt("FAN_BENCH_WORKERS", 4) // the replicator's default
 	dir, err := os.MkdirTemp("/tmp", "fan-repl-bench-")
 	if err != nil {
 		b.Fatal(err)
@@ -87,7 +89,11 @@ func BenchmarkVersusRsync(b *testing.B) {
 		l := newLab(b)
 		n1 := &node{name: "n1", root: src, state: filepath.Join(dir, "n1-state")}
 		n2 := &node{name: "n2", root: filepath.Join(dir, "fan-dst"), state: filepath.Join(dir, "n2-state")}
-		cfg := func(c *replicate.Config) { c.ScanInterval = time.Hour; c.Workers = 4; c.StorePassBytes = storePass }
+		cfg := func(c *replicate.Config) {
+			c.ScanInterval = time.Hour
+			c.Workers = workers
+			c.StorePassBytes = storePass
+		}
 		mark := l.mark()
 		stopProfile := profileIf(b, os.Getenv("FAN_BENCH_PROFILE"))
 		cpu0 := selfCPU()
@@ -164,8 +170,8 @@ func BenchmarkVersusRsync(b *testing.B) {
 		// disk; the ratio against it is printed beside, not instead of,
 		// the ratio against rsync alone.
 		rDurable := rInit + rFlush
-		fmt.Printf("files=%d bytes=%d store_pass_mib=%d initial_fan_s=%.2f initial_rsync_s=%.2f initial_ratio=%.2f initial_rsync_durable_s=%.2f initial_durable_ratio=%.2f initial_fan_cpu_s=%.2f initial_rsync_cpu_s=%.2f initial_cpu_ratio=%.2f nochange_fan_ms=%.1f nochange_rsync_ms=%.1f change_fan_p50_ms=%.1f change_fan_p99_ms=%.1f change_rsync_p99_ms=%.1f\n",
-			files, total, storePass>>20, fInit.Seconds(), rInit.Seconds(), fInit.Seconds()/rInit.Seconds(),
+		fmt.Printf("files=%d bytes=%d store_pass_mib=%d workers=%d initial_fan_s=%.2f initial_rsync_s=%.2f initial_ratio=%.2f initial_rsync_durable_s=%.2f initial_durable_ratio=%.2f initial_fan_cpu_s=%.2f initial_rsync_cpu_s=%.2f initial_cpu_ratio=%.2f nochange_fan_ms=%.1f nochange_rsync_ms=%.1f change_fan_p50_ms=%.1f change_fan_p99_ms=%.1f change_rsync_p99_ms=%.1f\n",
+			files, total, storePass>>20, workers, fInit.Seconds(), rInit.Seconds(), fInit.Seconds()/rInit.Seconds(),
 			rDurable.Seconds(), fInit.Seconds()/rDurable.Seconds(),
 			fInitCPU.Seconds(), rInitCPU.Seconds(), fInitCPU.Seconds()/rInitCPU.Seconds(),
 			ms(fNoop), ms(rNoop), ms(fp50), ms(fp99), ms(rp99))
