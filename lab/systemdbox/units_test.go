@@ -213,6 +213,7 @@ func TestUnitsUnderSystemd(t *testing.T) {
 		t.Fatalf("the floating address never came to %s: %s", floatIface, state)
 	}
 
+	t.Run("the replicator yields to the PBX", func(t *testing.T) { replicatorYields(t, ctx, b) })
 	t.Run("kill -9 ipmover releases the address", func(t *testing.T) { killIpmover(t, ctx, b) })
 	t.Run("reload scheduler", func(t *testing.T) { reloadScheduler(t, ctx, b) })
 	t.Run("watchdog restarts a stopped service", func(t *testing.T) { watchdog(t, ctx, b) })
@@ -303,6 +304,35 @@ echo "still there after 10 s"; exit 1`, before["MainPID"], floatIface, floatAddr
 	out, err = b.Output(ctx, "journalctl --no-pager -o cat -u fan-ipmover | grep -c 'released floating address without the bus' || true")
 	if err != nil || atoi(strings.TrimSpace(out)) < 1 {
 		t.Fatalf("no release-all in fan-ipmover's journal (ExecStopPost): %q %v", out, err)
+	}
+}
+
+// replicatorYields: the replicator's process runs at its unit's lower CPU
+// and I/O priorities, and the services on the failover path at the
+// default, so a loaded PBX host delays replication, never a verdict. The
+// box's cgroups are read-only (the host's own hierarchy), so the weights
+// are read as systemd parsed them; nice and the I/O priority are the
+// kernel's, read from the running processes.
+func replicatorYields(t *testing.T, ctx context.Context, b *Box) {
+	for _, u := range allUnits() {
+		p, err := b.Show(ctx, u, "MainPID", "CPUWeight", "IOWeight")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := b.Output(ctx, fmt.Sprintf("awk '{print $19}' /proc/%s/stat && ionice -p %s", p["MainPID"], p["MainPID"]))
+		if err != nil {
+			t.Fatalf("%s (pid %s): %v", u, p["MainPID"], err)
+		}
+		nice, ioPrio, _ := strings.Cut(strings.TrimSpace(out), "\n")
+		t.Logf("%s: nice %s, I/O %s, CPUWeight %s, IOWeight %s", u, nice, ioPrio, p["CPUWeight"], p["IOWeight"])
+		want := struct{ nice, io, cpuWeight, ioWeight string }{"0", "none: prio 0", "[not set]", "[not set]"}
+		if u == "fan-replicator" {
+			want = struct{ nice, io, cpuWeight, ioWeight string }{"10", "best-effort: prio 7", "20", "20"}
+		}
+		if nice != want.nice || ioPrio != want.io || p["CPUWeight"] != want.cpuWeight || p["IOWeight"] != want.ioWeight {
+			t.Errorf("%s: nice %q, I/O %q, CPUWeight %q, IOWeight %q; want %q, %q, %q, %q",
+				u, nice, ioPrio, p["CPUWeight"], p["IOWeight"], want.nice, want.io, want.cpuWeight, want.ioWeight)
+		}
 	}
 }
 
