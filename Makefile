@@ -173,11 +173,13 @@ bench-prober:
 
 # The replicator against local rsync on the same data, in the same run
 # (see the replicator's README, "Performance"; root drops the page cache
-# first). SYNC_FILES and SYNC_BYTES size the tree.
+# first). SYNC_FILES and SYNC_BYTES size the tree; the initial sync's
+# figures are the medians of SYNC_RUNS alternated runs of both tools.
 SYNC_FILES ?= 10000
 SYNC_BYTES ?= 1073741824
+SYNC_RUNS  ?= 3
 bench-sync:
-	cd services/replicator && FAN_BENCH_FILES=$(SYNC_FILES) FAN_BENCH_BYTES=$(SYNC_BYTES) go test -run '^$$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
+	cd services/replicator && FAN_BENCH_FILES=$(SYNC_FILES) FAN_BENCH_BYTES=$(SYNC_BYTES) FAN_BENCH_RUNS=$(SYNC_RUNS) go test -run '^$$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
 
 # Randomized faults (kill -9 of services, NATS restarts, frozen PBX, link
 # cuts, NATS-only partitions) with ARP and SIP observers; see lab/chaos.

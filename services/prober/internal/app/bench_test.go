@@ -27,7 +27,7 @@ import (
 
 // proberProfile, when set, makes the benchmark build the prober with the
 // pprof tag and save the prober process's CPU profile and allocations over
-// the measured window in this directory (cpu.pprof, allocs.pprof):
+// the measured window in this directory (profile.pprof, allocs.pprof):
 //
 //	go test -run '^$' -bench Prober200 -benchtime 1x ./internal/app -args -prober.profile=/tmp/prof
 //
