@@ -59,6 +59,7 @@ func BenchmarkVersusRsync(b *testing.B) {
 	}
 	b.Cleanup(func() { os.RemoveAll(dir) })
 	src, rdst := filepath.Join(dir, "src"), filepath.Join(dir, "rsync-dst")
+	fdst, n1State, n2State := filepath.Join(dir, "fan-dst"), filepath.Join(dir, "n1-state"), filepath.Join(dir, "n2-state")
 	genData(b, src, files, total)
 	dropCaches()
 
@@ -81,12 +82,18 @@ func BenchmarkVersusRsync(b *testing.B) {
 	// alternated runs are the figures; every run is printed.
 	runs := envInt("FAN_BENCH_RUNS", 3)
 	var rInits, rInitCPUs, rFlushes, fInits, fInitCPUs []time.Duration
-	var n2 *node
+	n1 := &node{name: "n1", root: src, state: n1State}
+	n2 := &node{name: "n2", root: fdst, state: n2State}
+	cfg := func(c *replicate.Config) {
+		c.ScanInterval = time.Hour
+		c.Workers = workers
+		c.StorePassBytes = storePass
+	}
 	var rNoop time.Duration
 	for b.Loop() {
 		for run := range runs {
 			last := run == runs-1
-			for _, d := range []string{rdst, filepath.Join(dir, "fan-dst"), filepath.Join(dir, "n1-state"), filepath.Join(dir, "n2-state")} {
+			for _, d := range []string{rdst, fdst, n1State, n2State} {
 				if err := os.RemoveAll(d); err != nil {
 					b.Fatal(err)
 				}
@@ -112,13 +119,6 @@ func BenchmarkVersusRsync(b *testing.B) {
 			dropCaches()
 
 			l := newLab(b)
-			n1 := &node{name: "n1", root: src, state: filepath.Join(dir, "n1-state")}
-			n2 = &node{name: "n2", root: filepath.Join(dir, "fan-dst"), state: filepath.Join(dir, "n2-state")}
-			cfg := func(c *replicate.Config) {
-				c.ScanInterval = time.Hour
-				c.Workers = workers
-				c.StorePassBytes = storePass
-			}
 			mark := l.mark()
 			stopProfile := func() {}
 			if last {
