@@ -7,7 +7,7 @@
 #   make bench-trail     bytes fan writes to its audit and live streams per PBX node per day (TRAIL=2m, root)
 #   make bench-scale     the arbiter and fan-nats under 1,000 simulated nodes: CPU, memory, transition-to-command p50/p99 (NODES=1000, SCALE_WINDOW=60s)
 #   make bench-prober    the prober's CPU for 200 checks at 200 ms (PROBER_WINDOW=10s)
-#   make bench-sync      the replicator against rsync: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible
+#   make bench-sync      the replicator against rsync and a plain checked copy: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible
 #   make chaos           randomized faults against the invariants (DURATION=10m); exits non-zero on a breach
 #   make install         binaries, systemd units and example configs under DESTDIR/PREFIX (make uninstall)
 #   make deb             the Debian package in build/ (make deb-test: lintian, install into a throwaway root)

@@ -12,11 +12,13 @@ import (
 	"runtime/trace"
 	"slices"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 )
@@ -25,7 +27,10 @@ import (
 // this machine: an initial sync of FAN_BENCH_FILES files (default 10,000)
 // holding FAN_BENCH_BYTES bytes (default 1 GiB), a pass with no changes, and
 // change-to-visible latency. rsync runs locally (directory to directory, no
-// SSH), which is its best case. Run:
+// SSH), which is its best case. Each run also times the plain checked copy
+// (plaincopy_test.go) with no hop, through the bus and over a direct TLS
+// connection, so the replicator's figure can be read against what checking
+// the copy and moving the bytes cost here. Run:
 //
 //	cd services/replicator && go test -run '^$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
 //
@@ -60,6 +65,7 @@ func BenchmarkVersusRsync(b *testing.B) {
 	b.Cleanup(func() { os.RemoveAll(dir) })
 	src, rdst := filepath.Join(dir, "src"), filepath.Join(dir, "rsync-dst")
 	fdst, n1State, n2State := filepath.Join(dir, "fan-dst"), filepath.Join(dir, "n1-state"), filepath.Join(dir, "n2-state")
+	plainDst := filepath.Join(dir, "plain-dst")
 	genData(b, src, files, total)
 	dropCaches()
 
@@ -82,6 +88,34 @@ func BenchmarkVersusRsync(b *testing.B) {
 	// alternated runs are the figures; every run is printed.
 	runs := envInt("FAN_BENCH_RUNS", 3)
 	var rInits, rInitCPUs, rFlushes, fInits, fInitCPUs []time.Duration
+	// The plain checked copy (plaincopy_test.go) in the same runs, with no
+	// hop, through the bus and over a direct TLS connection: what the
+	// checks cost here, and what each way of moving the bytes adds.
+	plains := []struct {
+		name, key string
+		hop       plainHop
+		walls     []time.Duration
+		cpus      []time.Duration
+	}{
+		{name: "no hop", key: "memory", hop: memoryHop{}},
+		{name: "bus hop", key: "bus", hop: busHop{srv: bustest.Server(b)}},
+		{name: "TLS hop", key: "tls", hop: tlsHop{}},
+	}
+	runPlain := func(hop plainHop) (time.Duration, time.Duration) {
+		if err := os.RemoveAll(plainDst); err != nil {
+			b.Fatal(err)
+		}
+		dropCaches()
+		cpu0, start := selfCPU(), time.Now()
+		if err := plainCopy(src, plainDst, hop); err != nil {
+			b.Fatal(err)
+		}
+		wall, cpu := time.Since(start), selfCPU()-cpu0
+		if err := same(src, plainDst); err != nil {
+			b.Fatalf("plain copy differs: %v", err)
+		}
+		return wall, cpu
+	}
 	n1 := &node{name: "n1", root: src, state: n1State}
 	n2 := &node{name: "n2", root: fdst, state: n2State}
 	cfg := func(c *replicate.Config) {
@@ -154,6 +188,14 @@ func BenchmarkVersusRsync(b *testing.B) {
 				stop2()
 				stop1()
 			}
+			line := fmt.Sprintf("run %d: plain checked copy", run+1)
+			for i := range plains {
+				p := &plains[i]
+				wall, cpu := runPlain(p.hop)
+				p.walls, p.cpus = append(p.walls, wall), append(p.cpus, cpu)
+				line += fmt.Sprintf(", %s %.2fs (CPU %.2fs)", p.name, wall.Seconds(), cpu.Seconds())
+			}
+			fmt.Println(line)
 		}
 		rInit, rInitCPU, rFlush := median(rInits), median(rInitCPUs), median(rFlushes)
 		fInit, fInitCPU := median(fInits), median(fInitCPUs)
@@ -198,6 +240,10 @@ func BenchmarkVersusRsync(b *testing.B) {
 		b.ReportMetric(float64(rp99.Microseconds())/1000, "rsync_latency_p99_ms")
 		fmt.Printf("\nreplicator vs rsync, %d files, %.0f MiB, %d CPUs (initial sync: medians of %d runs)\n", files, float64(total)/(1<<20), nprocs(), runs)
 		fmt.Printf("  initial sync     fan %8.2fs   rsync %8.2fs   fan/rsync %.2f\n", fInit.Seconds(), rInit.Seconds(), fInit.Seconds()/rInit.Seconds())
+		for _, p := range plains {
+			wall := median(p.walls)
+			fmt.Printf("  plain copy, %-8s%8.2fs   plain/rsync %.2f   fan/plain %.2f\n", p.name, wall.Seconds(), wall.Seconds()/rInit.Seconds(), fInit.Seconds()/wall.Seconds())
+		}
 		fmt.Printf("  no-change pass   fan %8.1fms  rsync %8.1fms  fan/rsync %.2f\n", ms(fNoop), ms(rNoop), fNoop.Seconds()/rNoop.Seconds())
 		fmt.Printf("  change latency   fan p50 %6.1fms p99 %6.1fms   rsync run p50 %6.1fms p99 %6.1fms   p99 fan/rsync %.2f\n",
 			ms(fp50), ms(fp99), ms(rp50), ms(rp99), fp99.Seconds()/rp99.Seconds())
@@ -213,6 +259,13 @@ func BenchmarkVersusRsync(b *testing.B) {
 			rDurable.Seconds(), fInit.Seconds()/rDurable.Seconds(),
 			fInitCPU.Seconds(), rInitCPU.Seconds(), fInitCPU.Seconds()/rInitCPU.Seconds(),
 			ms(fNoop), ms(rNoop), ms(fp50), ms(fp99), ms(rp99))
+		var kv []string
+		for _, p := range plains {
+			wall, cpu := median(p.walls), median(p.cpus)
+			kv = append(kv, fmt.Sprintf("plain_%[1]s_s=%.2[2]f plain_%[1]s_cpu_s=%.2[3]f plain_%[1]s_ratio=%.2[4]f fan_over_plain_%[1]s=%.2[5]f",
+				p.key, wall.Seconds(), cpu.Seconds(), wall.Seconds()/rInit.Seconds(), fInit.Seconds()/wall.Seconds()))
+		}
+		fmt.Println(strings.Join(kv, " "))
 	}
 }
 
