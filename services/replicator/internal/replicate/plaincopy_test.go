@@ -84,6 +84,16 @@ type busHop struct{ srv *server.Server }
 // flag byte, written into the room in front of the data (no copy).
 const busFrame = 5
 
+// putFrame writes c's file index and end flag into the first busFrame
+// bytes of c.data, the room its reader left in front of the bytes.
+func putFrame(c plainChunk) {
+	binary.BigEndian.PutUint32(c.data, uint32(c.file))
+	c.data[4] = 0
+	if c.end {
+		c.data[4] = 1
+	}
+}
+
 func (h busHop) open(deliver func(plainChunk)) (plainLink, error) {
 	pub, err := nats.Connect(h.srv.ClientURL())
 	if err != nil {
@@ -115,12 +125,7 @@ func (h busHop) open(deliver func(plainChunk)) (plainLink, error) {
 		return plainLink{}, fmt.Errorf("plain copy subscription: %w", err)
 	}
 	send := func(c plainChunk) error {
-		// c.data is the whole buffer with busFrame bytes of room in front.
-		binary.BigEndian.PutUint32(c.data, uint32(c.file))
-		c.data[4] = 0
-		if c.end {
-			c.data[4] = 1
-		}
+		putFrame(c)
 		return pub.Publish(subject, c.data)
 	}
 	return plainLink{
@@ -132,10 +137,11 @@ func (h busHop) open(deliver func(plainChunk)) (plainLink, error) {
 // tlsHop sends the chunks over one TLS 1.3 connection on loopback, the
 // server's certificate checked: what a direct connection from holder to
 // peer would cost instead of the bus, encrypted as the bus is between
-// hosts. A chunk is framed by its file index, a flag byte and its length.
+// hosts.
 type tlsHop struct{}
 
-const tlsFrame = 9
+// tlsFrame is busFrame and the chunk's length: the stream has no messages.
+const tlsFrame = busFrame + 4
 
 func (tlsHop) open(deliver func(plainChunk)) (plainLink, error) {
 	serverConf, clientConf, err := loopbackTLS()
@@ -161,7 +167,7 @@ func (tlsHop) open(deliver func(plainChunk)) (plainLink, error) {
 			if _, err := io.ReadFull(r, hdr[:]); err != nil {
 				return
 			}
-			data := make([]byte, binary.BigEndian.Uint32(hdr[5:]))
+			data := make([]byte, binary.BigEndian.Uint32(hdr[busFrame:]))
 			if _, err := io.ReadFull(r, data); err != nil {
 				return
 			}
@@ -175,13 +181,8 @@ func (tlsHop) open(deliver func(plainChunk)) (plainLink, error) {
 		return plainLink{}, fmt.Errorf("plain copy dial: %w", err)
 	}
 	send := func(ch plainChunk) error {
-		// ch.data is the whole buffer with tlsFrame bytes of room in front.
-		binary.BigEndian.PutUint32(ch.data, uint32(ch.file))
-		ch.data[4] = 0
-		if ch.end {
-			ch.data[4] = 1
-		}
-		binary.BigEndian.PutUint32(ch.data[5:], uint32(len(ch.data)-tlsFrame))
+		putFrame(ch)
+		binary.BigEndian.PutUint32(ch.data[busFrame:], uint32(len(ch.data)-tlsFrame))
 		_, err := c.Write(ch.data)
 		return err
 	}
