@@ -92,9 +92,10 @@ type Phases struct {
 	// transition came last).
 	Decided float64
 	Trigger events.Trigger
-	// Received and Announced: the new holder's executor got the claim, and
-	// sent its first gratuitous ARP (the claim's result's steps).
-	Received, Announced float64
+	// Received, Recorded and Announced: the new holder's executor got the
+	// claim, wrote its at-most-once record (the one disk write on the
+	// path), and sent its first gratuitous ARP (the claim's result's steps).
+	Received, Recorded, Announced float64
 	// Answered: the client's first answer from the new holder.
 	Answered float64
 }
@@ -114,7 +115,8 @@ func Explain(cs []Cycle, evs []stack.Event, lastBeacon func(node string, before 
 	for _, cy := range cs {
 		answered := cy.At.Add(cy.Took)
 		p := Phases{Cycle: cy, Answered: ms(cy.Took)}
-		p.LastBeacon, p.Silent, p.PeerDown, p.Decided, p.Received, p.Announced = math.NaN(), math.NaN(), math.NaN(), math.NaN(), math.NaN(), math.NaN()
+		p.LastBeacon, p.Silent, p.PeerDown, p.Decided = math.NaN(), math.NaN(), math.NaN(), math.NaN()
+		p.Received, p.Recorded, p.Announced = math.NaN(), math.NaN(), math.NaN()
 		if lastBeacon != nil {
 			if lb := lastBeacon(cy.From, answered); !lb.IsZero() {
 				p.LastBeacon, p.Silent = ms(lb.Sub(cy.At)), ms(lb.Add(silence).Sub(cy.At))
@@ -147,6 +149,8 @@ func Explain(cs []Cycle, evs []stack.Event, lastBeacon func(node string, before 
 					switch s.Name {
 					case "received":
 						p.Received = ms(s.At.Sub(cy.At))
+					case "recorded":
+						p.Recorded = ms(s.At.Sub(cy.At))
 					case "first_announcement_sent":
 						p.Announced = ms(s.At.Sub(cy.At))
 					}
@@ -160,15 +164,15 @@ func Explain(cs []Cycle, evs []stack.Event, lastBeacon func(node string, before 
 
 // String renders one cycle's marks for -v.
 func (p Phases) String() string {
-	return fmt.Sprintf("%s->%s last_beacon=%.0f silent=%.0f peer_down=%.0f decided=%.0f(%s) received=%.0f announced=%.0f answered=%.0f",
-		p.Cycle.From, p.Cycle.To, p.LastBeacon, p.Silent, p.PeerDown, p.Decided, p.Trigger, p.Received, p.Announced, p.Answered)
+	return fmt.Sprintf("%s->%s last_beacon=%.0f silent=%.0f peer_down=%.0f decided=%.0f(%s) received=%.0f recorded=%.0f announced=%.0f answered=%.0f",
+		p.Cycle.From, p.Cycle.To, p.LastBeacon, p.Silent, p.PeerDown, p.Decided, p.Trigger, p.Received, p.Recorded, p.Announced, p.Answered)
 }
 
 // BreakdownLine renders the median and the worst of each mark over a
 // scenario's cycles, and how many decisions the silence (a tick) or the
 // peer's transition (an event) triggered:
 //
-//	breakdown scenario=<s> cycles=<n> last_beacon_ms=<p50>/<max> silent_ms=... peer_down_ms=... decided_ms=... received_ms=... announced_ms=... answered_ms=... on_tick=<n> on_event=<n>
+//	breakdown scenario=<s> cycles=<n> last_beacon_ms=<p50>/<max> silent_ms=... peer_down_ms=... decided_ms=... received_ms=... recorded_ms=... announced_ms=... answered_ms=... on_tick=<n> on_event=<n>
 func BreakdownLine(s Scenario, ps []Phases) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "breakdown scenario=%s cycles=%d", s, len(ps))
@@ -181,6 +185,7 @@ func BreakdownLine(s Scenario, ps []Phases) string {
 		{"peer_down", func(p Phases) float64 { return p.PeerDown }},
 		{"decided", func(p Phases) float64 { return p.Decided }},
 		{"received", func(p Phases) float64 { return p.Received }},
+		{"recorded", func(p Phases) float64 { return p.Recorded }},
 		{"announced", func(p Phases) float64 { return p.Announced }},
 		{"answered", func(p Phases) float64 { return p.Answered }},
 	}

@@ -27,7 +27,7 @@ func trail(peerDown, decided, received, announced int) []stack.Event {
 		ev(decided, &events.ArbiterDecision{Group: "pbx", Action: events.ActionFailover, From: "n1", To: "n2",
 			Commands: []string{"rel", "claim"}, Trigger: events.TriggerTick}),
 		ev(decided+2, &events.CommandResult{CommandID: "claim", CommandType: events.TypeClaimIP, Node: "n2", Steps: []events.Step{
-			{Name: "received", At: at(received)}, {Name: "first_announcement_sent", At: at(announced)}, {Name: "pbx_verified", At: at(announced + 3)}}}),
+			{Name: "received", At: at(received)}, {Name: "recorded", At: at(received + 2)}, {Name: "first_announcement_sent", At: at(announced)}, {Name: "pbx_verified", At: at(announced + 3)}}}),
 	}
 }
 
@@ -44,8 +44,8 @@ func TestExplainFindsEachMarkOfTheCycle(t *testing.T) {
 		t.Fatalf("%d phases for one cycle", len(ps))
 	}
 	p := ps[0]
-	got := []float64{p.LastBeacon, p.Silent, p.PeerDown, p.Decided, p.Received, p.Announced, p.Answered}
-	want := []float64{-20, 140, 120, 150, 155, 160, 170}
+	got := []float64{p.LastBeacon, p.Silent, p.PeerDown, p.Decided, p.Received, p.Recorded, p.Announced, p.Answered}
+	want := []float64{-20, 140, 120, 150, 155, 157, 160, 170}
 	for i := range want {
 		if got[i] != want[i] {
 			t.Fatalf("marks %v, want %v", got, want)
@@ -56,7 +56,7 @@ func TestExplainFindsEachMarkOfTheCycle(t *testing.T) {
 	}
 	line := BreakdownLine(NodeCrash, ps)
 	for _, w := range []string{"scenario=node-crash cycles=1", "last_beacon_ms=-20/-20", "peer_down_ms=120/120", "decided_ms=150/150",
-		"answered_ms=170/170", "on_tick=1 on_event=0"} {
+		"recorded_ms=157/157", "answered_ms=170/170", "on_tick=1 on_event=0"} {
 		if !strings.Contains(line, w) {
 			t.Errorf("%q lacks %q", line, w)
 		}

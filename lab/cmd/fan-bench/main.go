@@ -16,7 +16,7 @@
 // audit trail and the beacons seen from the control host (median/worst in
 // ms from the fault; -v prints every cycle):
 //
-//	breakdown scenario=<name> cycles=<n> last_beacon_ms=<p50>/<max> silent_ms=... peer_down_ms=... decided_ms=... received_ms=... announced_ms=... answered_ms=... on_tick=<n> on_event=<n>
+//	breakdown scenario=<name> cycles=<n> last_beacon_ms=<p50>/<max> silent_ms=... peer_down_ms=... decided_ms=... received_ms=... recorded_ms=... announced_ms=... answered_ms=... on_tick=<n> on_event=<n>
 //
 // With -hog D it counts false failovers instead: each of -systems runs D
 // with nothing failing while a busy loop runs on every core, at keepalived's
