@@ -8,25 +8,31 @@
 #   make bench-scale     the arbiter and fan-nats under 1,000 simulated nodes: CPU, memory, transition-to-command p50/p99 (NODES=1000, SCALE_WINDOW=60s)
 #   make bench-prober    the prober's CPU for 200 checks at 200 ms (PROBER_WINDOW=10s)
 #   make bench-sync      the replicator against rsync and a plain checked copy: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible
+#   make bench-registrations  registrations from the holder to the standby: 200 OK to the standby's AstDB, costs, mass churn, reach after a crash (PHONES=2000, root; FAN_ASTERISK=dir for a real Asterisk 22)
 #   make chaos           randomized faults against the invariants (DURATION=10m); exits non-zero on a breach
-#   make install         binaries, systemd units and example configs under DESTDIR/PREFIX (make uninstall)
-#   make deb             the Debian package in build/ (make deb-test: lintian, install into a throwaway root)
+#   make install         binaries, systemd units, fanctl's shell completion and example configs under DESTDIR/PREFIX (make uninstall)
+#   make deb             the Debian package in build/ (make deb-test: version ordering, lintian, install into a throwaway root)
+#   make version         the version the binaries and the package get (DEVELOPING.md, "Versions and releases")
 #   make prometheus-rules  promtool check and test of deploy/prometheus's alert rules
 #   make images          the compose lab's images (FROM scratch, nothing pulled)
-#   make compose-creds   the compose lab's CA, certificates and nkeys (fanctl nats-config) in deploy/compose/creds/
+#   make compose-creds   the compose lab's site: fanctl init on deploy/compose/site.yaml into deploy/compose/fan-site/
 #   make compose-test    the compose lab: up, a failover, down (docker)
 #   make systemd-verify  systemd-analyze verify on every unit
 #   make systemd-test    the package and its units under a real systemd (a Debian 12 container; docker, debootstrap)
 #   make fuzz            every parser's fuzz target, FUZZTIME each (default 30s)
 
 SHELL       := /bin/bash
-# The release version: `git describe` of the newest v* tag (v0.1.0, or
-# v0.1.0-3-gabc1234 three commits later, -dirty with local changes). With no
-# tag in the clone it is the VERSION file plus the commit as SemVer build
-# metadata (v0.1.0+abc1234). COMMIT is printed by every binary's --version.
-GIT_DESCRIBE := $(shell git describe --tags --always --dirty --match 'v[0-9]*' 2>/dev/null)
+# The version every binary's --version prints and the Debian package carries
+# (deploy/debian/version.sh; DEVELOPING.md, "Versions and releases"): X.Y.Z
+# at a release tag vX.Y.Z, otherwise NEXT~dev.COMMITS.HASH[.dirty], where
+# NEXT is the VERSION file (the release being worked towards) and COMMITS
+# counts the commits since the last release tag (since the root without
+# one), so builds sort by time in dpkg's order: 0.1.0 < 0.2.0~dev.5.abc1234
+# < 0.2.0~dev.12.def5678 < 0.2.0 < 0.2.1~dev.1.0123abc. make version prints
+# it. COMMIT is printed by every binary's --version too.
 ifeq ($(origin VERSION),undefined)
-VERSION     := $(if $(filter v%,$(GIT_DESCRIBE)),$(GIT_DESCRIBE),v$(shell cat VERSION)$(if $(GIT_DESCRIBE),+$(GIT_DESCRIBE)))
+VERSION     := $(shell deploy/debian/version.sh $(CURDIR))
+$(if $(VERSION),,$(error deploy/debian/version.sh found no version))
 endif
 ifeq ($(origin COMMIT),undefined)
 COMMIT      := $(or $(shell git rev-parse --short=12 HEAD 2>/dev/null),unknown)
@@ -55,9 +61,13 @@ BINARIES := \
 	fan-chaos:lab:./cmd/fan-chaos
 
 TRAIL ?= 2m
-.PHONY: all build test vet lint fmt-check unit lab clean modules-standalone deps-check fuzz deps install install-files uninstall deb deb-test prometheus-rules images compose-creds compose-test systemd-verify bench-failover bench-trail bench-prober bench-sync bench-scale chaos
+.PHONY: all build test vet lint fmt-check unit lab clean modules-standalone deps-check fuzz deps install install-files uninstall deb deb-test version prometheus-rules images compose-creds compose-test systemd-verify bench-failover bench-trail bench-prober bench-sync bench-scale bench-registrations chaos
 
 all: build
+
+# The version the binaries and the package get (see VERSION above).
+version:
+	@echo '$(VERSION)'
 
 build:
 	@mkdir -p $(BIN)
@@ -181,6 +191,19 @@ SYNC_RUNS  ?= 3
 bench-sync:
 	cd services/replicator && FAN_BENCH_FILES=$(SYNC_FILES) FAN_BENCH_BYTES=$(SYNC_BYTES) FAN_BENCH_RUNS=$(SYNC_RUNS) go test -run '^$$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
 
+# Registrations carried from the holder to the standby (lab/regbench, a
+# network namespace of its own): PHONES phones registered through SIPp and
+# re-registering, the replicators' costs, 30 % unregistering at once, and
+# the share of phones the new holder reaches after a crash. FAN_ASTERISK
+# names an Asterisk 22 install to run as both PBXs instead of the stand-in.
+PHONES ?= 2000
+bench-registrations:
+	@mkdir -p $(BIN)
+	cd cmd && $(GOBUILD) -o $(BIN)/fan-nats ./fan-nats
+	cd services/replicator && $(GOBUILD) -o $(BIN)/fan-replicator ./cmd/fan-replicator
+	cd lab && $(GOBUILD) -o $(BIN)/fan-pbxstandin ./cmd/fan-pbxstandin && $(GOBUILD) -o $(BIN)/fan-regbench ./cmd/fan-regbench
+	$(BIN)/fan-regbench -bin $(BIN) -phones $(PHONES) $(if $(FAN_ASTERISK),-asterisk $(FAN_ASTERISK))
+
 # Randomized faults (kill -9 of services, NATS restarts, frozen PBX, link
 # cuts, NATS-only partitions) with ARP and SIP observers; see lab/chaos.
 # TOPOLOGY=colocated runs it on a three-server bus (a NATS server on each
@@ -193,9 +216,11 @@ chaos: build
 # the lab), SIPp, iproute2 for namespaces; lintian, fakeroot and systemd
 # (systemd-sysusers, systemd-tmpfiles) for make deb-test; debootstrap for
 # make systemd-test's container image; prometheus for
-# promtool (make prometheus-rules); zsh to check fanctl's completion script.
+# promtool (make prometheus-rules); zsh to check fanctl's completion script;
+# openssl and coreutils (base32) for the examples' throwaway credentials
+# (deploy/systemd/check-examples.sh).
 DEB_PACKAGES := kamailio sip-tester iproute2 iptables procps bind9 bind9-utils keepalived rsync ca-certificates git make \
-	lintian fakeroot systemd prometheus zsh chromium debootstrap
+	lintian fakeroot systemd prometheus zsh chromium debootstrap openssl coreutils
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -n "$$missing" ]; then \
@@ -215,12 +240,18 @@ deps:
 # *.example) and, on a live system, creates the user and reloads systemd.
 # sysusers.d and tmpfiles.d go under /usr/lib whatever PREFIX is: systemd
 # reads them only from /usr/lib, /etc and /run, never /usr/local.
+# fanctl's shell completion is written by the fanctl just built (fanctl
+# completion bash|zsh), where bash-completion and zsh look: zsh's
+# vendor-completions for /usr (Debian's place for packages), site-functions
+# elsewhere.
 PREFIX      ?= /usr/local
 DESTDIR     ?=
 SYSCONFDIR  ?= /etc
 UNITDIR     ?= /etc/systemd/system
 SYSUSERSDIR ?= /usr/lib/sysusers.d
 TMPFILESDIR ?= /usr/lib/tmpfiles.d
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR  ?= $(PREFIX)/share/zsh/$(if $(filter /usr,$(PREFIX)),vendor-completions,site-functions)
 DOCDIR      ?= $(PREFIX)/share/doc/fan
 SERVICES    := prober arbiter ipmover replicator scheduler
 # One unit per service, fan-nats's (a host may run the stock nats-server
@@ -239,26 +270,29 @@ install-files:
 	install -m 0644 $(EXAMPLES) deploy/systemd/nats/nats-server.conf $(DESTDIR)$(DOCDIR)/examples/
 	install -d $(DESTDIR)$(DOCDIR)/examples/prometheus
 	install -m 0644 deploy/prometheus/fan-alerts.yml deploy/prometheus/grafana-fan.json deploy/prometheus/README.md $(DESTDIR)$(DOCDIR)/examples/prometheus/
+	install -d $(DESTDIR)$(DOCDIR)/examples/asterisk
+	install -m 0644 $(wildcard deploy/asterisk/*) $(DESTDIR)$(DOCDIR)/examples/asterisk/
 	install -D -m 0644 deploy/systemd/fan.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/fan.conf
 	install -D -m 0644 deploy/systemd/fan.tmpfiles.conf $(DESTDIR)$(TMPFILESDIR)/fan.conf
+	install -d $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR)
+	$(BIN)/fanctl completion bash > $(DESTDIR)$(BASHCOMPDIR)/fanctl
+	$(BIN)/fanctl completion zsh > $(DESTDIR)$(ZSHCOMPDIR)/_fanctl
+	chmod 0644 $(DESTDIR)$(BASHCOMPDIR)/fanctl $(DESTDIR)$(ZSHCOMPDIR)/_fanctl
 
 install: build
 	$(MAKE) --no-print-directory install-files
 	install -d $(DESTDIR)$(SYSCONFDIR)/fan
-	@set -e; for f in $(notdir $(EXAMPLES)); do \
-		if [ -e $(DESTDIR)$(SYSCONFDIR)/fan/$$f ]; then \
-			install -m 0640 deploy/systemd/examples/$$f $(DESTDIR)$(SYSCONFDIR)/fan/$$f.example; \
-		else \
-			install -m 0640 deploy/systemd/examples/$$f $(DESTDIR)$(SYSCONFDIR)/fan/$$f; \
-		fi; \
+	@# The units' process environments; the configurations are fanctl
+	@# init's, installed by fanctl install-host.
+	@set -e; for f in $(notdir $(filter %.env,$(EXAMPLES))); do \
+		[ -e $(DESTDIR)$(SYSCONFDIR)/fan/$$f ] || install -m 0644 deploy/systemd/examples/$$f $(DESTDIR)$(SYSCONFDIR)/fan/$$f; \
 	done
 	@# On a live system (no DESTDIR): what the package's postinst does.
 	@if [ -z "$(DESTDIR)" ] && command -v systemd-sysusers >/dev/null; then \
-		systemd-sysusers fan.conf && systemd-tmpfiles --create fan.conf && \
-		chgrp fan $(SYSCONFDIR)/fan/*.yaml* $(SYSCONFDIR)/fan/*.env*; \
+		systemd-sysusers fan.conf && systemd-tmpfiles --create fan.conf; \
 		if [ -d /run/systemd/system ]; then systemctl daemon-reload; fi; \
 	fi
-	@echo "installed under $(DESTDIR)$(PREFIX) and $(DESTDIR)$(SYSCONFDIR)/fan; next: deploy/systemd/README.md"
+	@echo "installed under $(DESTDIR)$(PREFIX); next: fanctl init and fanctl install-host (deploy/systemd/README.md)"
 
 # Removes what install-files put in place; keeps /etc/fan (configuration,
 # credentials), /var/lib/fan (state) and the fan user, as `apt remove` does.
@@ -269,14 +303,16 @@ uninstall:
 	done
 	rm -f $(addprefix $(DESTDIR)$(PREFIX)/bin/,$(INSTALLED_BINARIES))
 	rm -f $(DESTDIR)$(SYSUSERSDIR)/fan.conf $(DESTDIR)$(TMPFILESDIR)/fan.conf
+	rm -f $(DESTDIR)$(BASHCOMPDIR)/fanctl $(DESTDIR)$(ZSHCOMPDIR)/_fanctl
 	rm -rf $(DESTDIR)$(DOCDIR)
 	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
 	@echo "kept $(DESTDIR)$(SYSCONFDIR)/fan, /var/lib/fan and the fan user; remove them by hand to purge"
 
 # The Debian package: build/fan_<version>_<arch>.deb from install-files.
-# deb-test runs lintian on it (errors fail; the overrides say why each
-# remaining warning stays), installs it into a throwaway root, checks every
-# file landed and the maintainer scripts ran, then purges it.
+# deb-test checks that versions sort by time in dpkg's order
+# (test-version.sh), runs lintian on the package (errors fail; the overrides
+# say why each remaining warning stays), installs it into a throwaway root,
+# checks every file landed and the maintainer scripts ran, then purges it.
 DEB_DIR     ?= $(CURDIR)/build
 deb: build
 	rm -f $(DEB_DIR)/fan_*.deb
@@ -288,6 +324,7 @@ prometheus-rules:
 	deploy/prometheus/check.sh
 
 deb-test: deb
+	deploy/debian/test-version.sh
 	deploy/debian/test-deb.sh "$(DEB_DIR)"
 	deploy/debian/test-install.sh "$(BIN)" $(DEB_DIR)/fan_*.deb
 
@@ -296,11 +333,11 @@ FAN_TAG     ?= dev
 images: build
 	deploy/compose/build-images.sh $(BIN) $(FAN_TAG)
 
-# The compose lab's bus credentials, made by `fanctl nats-config` as an
-# installation makes them, into deploy/compose/creds/ (git-ignored; kept and
-# reused by later runs).
+# The compose lab's configuration and credentials, made by `fanctl init` from
+# the lab's site file as an installation makes them, into
+# deploy/compose/fan-site/ (git-ignored; kept and reused by later runs).
 compose-creds: build
-	deploy/compose/creds.sh $(BIN)/fanctl
+	deploy/compose/init.sh $(BIN)/fanctl
 
 # Builds its own binaries, images and credentials under a unique project
 # name, runs a failover, shows that clients without identity or TLS are
@@ -322,14 +359,14 @@ systemd-verify: build
 # image is made once with debootstrap from the apt mirror and kept as a
 # docker tag named by a hash of its recipe; the containers are always
 # removed.
-SYSTEMD_NEXT_VERSION = $(shell echo '$(VERSION)' | sed -E 's/^v([0-9]+)\.([0-9]+)\.([0-9]+).*/\1 \2 \3/' | awk '{printf "v%d.%d.%d", $$1, $$2, $$3 + 1}')
+SYSTEMD_NEXT_VERSION = $(shell deploy/debian/version.sh --next-patch '$(VERSION)')
 PACKAGED_BINARIES    = $(filter $(addsuffix :%,$(INSTALLED_BINARIES)),$(BINARIES))
 .PHONY: systemd-test
 systemd-test: deb
 	rm -rf $(DEB_DIR)/next
 	$(MAKE) --no-print-directory build BIN=$(DEB_DIR)/next/bin VERSION=$(SYSTEMD_NEXT_VERSION) BINARIES='$(PACKAGED_BINARIES)'
 	deploy/debian/build-deb.sh $(DEB_DIR)/next/bin $(SYSTEMD_NEXT_VERSION) $(DEB_DIR)/next
-	FAN_DEB=$$(ls $(DEB_DIR)/fan_*.deb) FAN_DEB_NEXT=$$(ls $(DEB_DIR)/next/fan_*.deb) \
+	FAN_DEB=$$(ls $(DEB_DIR)/fan_*.deb) FAN_DEB_NEXT=$$(ls $(DEB_DIR)/next/fan_*.deb) FAN_STANDIN=$(BIN)/fan-pbxstandin \
 		go test -count=1 -timeout 30m -v -run 'TestUnitsUnderSystemd|TestRunbookPackage' ./lab/systemdbox
 
 clean:

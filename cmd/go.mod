@@ -5,8 +5,10 @@ go 1.26.0
 require (
 	github.com/chromedp/chromedp v0.23.0
 	github.com/fanpbx/fan/lab v0.0.0
+	github.com/fanpbx/fan/pkg/ami v0.0.0
 	github.com/fanpbx/fan/pkg/events v0.0.0
 	github.com/fanpbx/fan/pkg/platform v0.0.0
+	github.com/fanpbx/fan/pkg/sipoptions v0.0.0
 	github.com/fanpbx/fan/services/arbiter v0.0.0
 	github.com/nats-io/nats.go v1.55.0
 )
@@ -22,7 +24,7 @@ require (
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/google/go-tpm v0.9.8 // indirect
 	github.com/google/uuid v1.6.0 // indirect
-	github.com/klauspost/compress v1.20.3 // indirect
+	github.com/klauspost/compress v1.20.3
 	github.com/minio/highwayhash v1.0.4 // indirect
 	github.com/munnerz/goautoneg v0.0.0-20191010083416-a7dc8b61c822 // indirect
 	github.com/nats-io/jwt/v2 v2.8.2 // indirect
@@ -35,7 +37,7 @@ require (
 	github.com/prometheus/procfs v0.22.0 // indirect
 	go.yaml.in/yaml/v3 v3.0.6
 	golang.org/x/crypto v0.58.0 // indirect
-	golang.org/x/sys v0.49.0 // indirect
+	golang.org/x/sys v0.49.0
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/protobuf v1.36.12 // indirect
 )
@@ -49,8 +51,7 @@ replace (
 	github.com/fanpbx/fan/services/arbiter => ../services/arbiter
 )
 
-// Nothing cmd builds imports these: the arbiter's tests do, so the module
-// graph names them, and they resolve here rather than on a proxy.
+// fanctl doctor speaks AMI and SIP OPTIONS as fan's services do.
 replace (
 	github.com/fanpbx/fan/pkg/ami => ../pkg/ami
 	github.com/fanpbx/fan/pkg/sipoptions => ../pkg/sipoptions

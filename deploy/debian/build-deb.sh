@@ -2,8 +2,9 @@
 # build-deb.sh BINDIR VERSION OUTDIR: the Debian package of fan, built with
 # dpkg-deb from `make install-files` (PREFIX=/usr, units in
 # /lib/systemd/system), so the package and `make install` cannot disagree.
-# VERSION is the Makefile's (v0.1.0, v0.1.0-3-gabc1234[-dirty],
-# v0.1.0+abc1234); the package version is its Debian form with revision 1.
+# VERSION is the Makefile's (deploy/debian/version.sh: 0.2.0 at a release,
+# 0.2.0~dev.12.abc1234[.dirty] between them, which dpkg sorts by time); the
+# package version is VERSION-1.
 set -euo pipefail
 bin=${1:?usage: build-deb.sh BINDIR VERSION OUTDIR}
 version=${2:?usage: build-deb.sh BINDIR VERSION OUTDIR}
@@ -12,14 +13,11 @@ here=$(cd "$(dirname "$0")" && pwd)
 top=$(cd "$here/../.." && pwd)
 maintainer=${DEB_MAINTAINER:-fan maintainers <fan@fanpbx.github.io>}
 
-# Debian upstream versions allow no '-' without a revision: v0.1.0-3-gabc
-# becomes 0.1.0+3.gabc, v0.1.0+abc-dirty 0.1.0+abc.dirty.
-upstream=${version#v}
-if [[ $upstream != *+* ]]; then
-	upstream=${upstream/-/+}
-fi
-upstream=${upstream//-/.}
-debver="$upstream-1"
+# An upstream version dpkg can order: a digit first, then letters, digits
+# and . + ~ (no '-': the revision follows it).
+[[ $version =~ ^[0-9][A-Za-z0-9.+~]*$ ]] ||
+	{ echo "build-deb.sh: version \"$version\" is not a Debian upstream version (make version prints the right one)" >&2; exit 2; }
+debver="$version-1"
 arch=$(dpkg --print-architecture)
 # Reproducible: every timestamp is the commit's.
 export SOURCE_DATE_EPOCH=${SOURCE_DATE_EPOCH:-$(git -C "$top" log -1 --format=%ct 2>/dev/null || date +%s)}

@@ -26,5 +26,5 @@ fi
 make -s -C "$top" uninstall "${layout[@]}" >/dev/null
 left=$(cd "$dest" && find . -type f | sed 's|^\./||' | grep -v '^etc/fan/' || true)
 [[ -z $left ]] || fail "make uninstall left: $left"
-[[ -e $dest/etc/fan/arbiter.yaml ]] || fail "make uninstall removed the configuration"
+[[ -e $dest/etc/fan/arbiter.env ]] || fail "make uninstall removed the units' environment files"
 echo "make install/uninstall: $(wc -l <<<"$installed") files, the package's layout"

@@ -87,6 +87,10 @@ func (p *Peer) answer(s *session, a Action) (out []byte, closeAfter bool) {
 	mode, fig := p.mode, p.figures
 	p.mu.Unlock()
 	failing := mode == ModeFailing
+	if s.authed && !permitted(s.writeRights(), a.Name) {
+		m.fail(a, "Permission denied")
+		return m.bytes(), false
+	}
 
 	switch name {
 	case "login":
@@ -131,9 +135,12 @@ func (p *Peer) answer(s *session, a Action) (out []byte, closeAfter bool) {
 		m.field("CoreProcessedCalls", strconv.Itoa(fig.Processed))
 		m.end()
 	case "coresettings":
+		p.mu.Lock()
+		systemName := p.cfg.SystemName // SetSystemName changes it
+		p.mu.Unlock()
 		m.response("Success", a)
 		for _, f := range [][2]string{
-			{"AMIversion", "11.0.0"}, {"AsteriskVersion", "22.10.1"}, {"SystemName", p.cfg.SystemName},
+			{"AMIversion", "11.0.0"}, {"AsteriskVersion", "22.10.1"}, {"SystemName", systemName},
 			{"CoreMaxCalls", "0"}, {"CoreMaxLoadAvg", "0.000000"}, {"CoreRunUser", "root"},
 			{"CoreRunGroup", "root"}, {"CoreMaxFilehandles", "0"}, {"CoreRealTimeEnabled", "No"},
 			{"CoreCDRenabled", "Yes"}, {"CoreHTTPenabled", "No"}, {"SoundsSearchCustomDir", "No"},
@@ -156,6 +163,14 @@ func (p *Peer) answer(s *session, a Action) (out []byte, closeAfter bool) {
 		}
 	case "dbput", "dbget", "dbdel", "dbdeltree", "dbgettree":
 		p.astdb(&m, name, a)
+	case "filter":
+		p.filterAction(&m, s, a)
+	case "originate":
+		p.originate(&m, a)
+	case "listcommands":
+		listCommands(&m, a, s.writeRights())
+	case "pjsipshowendpoints", "pjsipshowendpoint":
+		p.pjsipShow(&m, name, a)
 	default:
 		m.fail(a, "Invalid/unknown command: "+a.Name+". Use Action: ListCommands to show available commands.")
 	}
@@ -168,7 +183,8 @@ func (p *Peer) login(s *session, a Action) ([]byte, bool) {
 		m.ack(a, "Already authenticated")
 		return m.bytes(), false
 	}
-	if a.Field("Username") != p.cfg.Username || a.Field("Secret") != p.cfg.Secret {
+	read, write, ok := p.authenticate(a.Field("Username"), a.Field("Secret"))
+	if !ok {
 		// Asterisk sleeps a second before refusing, to slow down guessing,
 		// and then drops the session.
 		if !p.sleep(p.cfg.AuthFailDelay) {
@@ -178,9 +194,14 @@ func (p *Peer) login(s *session, a Action) ([]byte, bool) {
 		return m.bytes(), true
 	}
 	s.authed = true
+	s.rights.Store(&sessionRights{read: read, write: write})
+	s.noteEventMask(a.Field("Events"))
 	m.ack(a, "Authentication accepted")
 	if !strings.EqualFold(strings.TrimSpace(a.Field("Events")), "off") {
 		s.events.Store(true)
+	}
+	// FullyBooted is a system event: only a user who reads system gets it.
+	if s.events.Load() && read.overlaps([]string{"system"}) {
 		up := strconv.Itoa(int(time.Since(p.started).Seconds()))
 		m.field("Event", "FullyBooted")
 		m.field("Privilege", "system,all")
@@ -270,6 +291,9 @@ func (p *Peer) command(m *msgBuilder, a Action, fig Figures, failing bool) {
 		m.field("Output", "")
 		m.end()
 	default:
+		if p.pjsipCLI(m, a, words) {
+			return
+		}
 		m.response("Error", a)
 		m.field("Message", "Command output follows")
 		m.field("Output", fmt.Sprintf("No such command '%s' (type 'core show help %s' for other possible commands)", raw, findBest(words)))
@@ -324,7 +348,8 @@ func (p *Peer) astdb(m *msgBuilder, name string, a Action) {
 		default:
 			k := "/" + family + "/" + key
 			if _, ok := p.db[k]; !ok {
-				m.fail(a, "Database entry not found")
+				// Asterisk 22's answer to a key that is not there.
+				m.fail(a, "Database entry could not be deleted")
 				return
 			}
 			delete(p.db, k)

@@ -107,6 +107,14 @@ type Config struct {
 	Modules []string
 	// SystemName is reported by CoreSettings; Asterisk's default is empty.
 	SystemName string
+	// Users are manager.conf users beside Username, each with its read and
+	// write classes (rights.go); Username has every right.
+	Users []User
+	// Transports and Endpoints are the PJSIP objects `pjsip show
+	// transports`, PJSIPShowEndpoints and PJSIPShowEndpoint report
+	// (pjsip.go).
+	Transports []Transport
+	Endpoints  []Endpoint
 	// Logger receives debug lines per action and info lines per mode change;
 	// nil discards them.
 	Logger *slog.Logger
@@ -142,6 +150,7 @@ type Peer struct {
 	recorded chan struct{} // closed and replaced on every recorded action
 	db       map[string]string
 	modules  map[string]bool
+	reg      *registrar // registrar.go; nil until EnableRegistrar
 }
 
 // Start listens and serves until Close.
@@ -349,7 +358,7 @@ func (p *Peer) Emit(fields ...Field) int {
 	p.mu.Lock()
 	targets := make([]*session, 0, len(p.sessions))
 	for s := range p.sessions {
-		if s.events.Load() {
+		if s.events.Load() && s.readable(fields) && s.wants(fields) {
 			targets = append(targets, s)
 		}
 	}
@@ -419,6 +428,10 @@ type session struct {
 	wmu    sync.Mutex
 	events atomic.Bool // logged in with events on: Emit writes to it
 	authed bool        // only the session goroutine touches it
+	// rights is the logged-in user's read and write classes (rights.go).
+	rights atomic.Pointer[sessionRights]
+	// filter is what the session asked to receive (filter.go).
+	filter atomic.Pointer[eventFilter]
 }
 
 // write sends one or more whole messages; the mutex keeps Emit's events from

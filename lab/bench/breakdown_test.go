@@ -21,7 +21,7 @@ func trail(peerDown, decided, received, announced int) []stack.Event {
 	}
 	return []stack.Event{
 		ev(-500, &events.HealthTransition{Check: "peer-n1", TargetNode: "n1", Role: events.RolePeer, To: events.HealthDown}), // an earlier cycle's
-		ev(peerDown-5, &events.HealthTransition{Check: "pbx", TargetNode: "n2", Role: events.RoleSelf, To: events.HealthDown}),
+		ev(peerDown-5, &events.HealthTransition{Check: "asterisk", TargetNode: "n2", Role: events.RoleSelf, To: events.HealthDown}),
 		ev(peerDown, &events.HealthTransition{Check: "peer-n1", TargetNode: "n1", Role: events.RolePeer, To: events.HealthDown}),
 		ev(decided-1, &events.ArbiterDecision{Group: "pbx", Action: events.ActionHold, From: "n1"}),
 		ev(decided, &events.ArbiterDecision{Group: "pbx", Action: events.ActionFailover, From: "n1", To: "n2",

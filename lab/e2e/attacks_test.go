@@ -240,7 +240,7 @@ func TestAttacks(t *testing.T) {
 		return events.Subject(e, pl), b
 	}
 	healthN1 := env(events.Source{Service: "prober", Node: "n1"}, events.HealthTransition{
-		Check: "pbx", TargetNode: "n1", Role: events.RoleSelf, From: events.HealthUp, To: events.HealthDown,
+		Check: "asterisk", TargetNode: "n1", Role: events.RoleSelf, From: events.HealthUp, To: events.HealthDown,
 		Reason: "forged", Consecutive: 3, Rise: 2, Fall: 3,
 		Evidence: []events.Evidence{{OK: false, At: time.Now(), Error: "forged"}, {OK: false, At: time.Now(), Error: "forged"}},
 	})

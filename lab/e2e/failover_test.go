@@ -89,7 +89,7 @@ func TestFailoverEndToEnd(t *testing.T) {
 			failed++
 		}
 	}
-	if ht.Check != "pbx" || len(ht.Evidence) != 2 || failed == 0 {
+	if ht.Check != "asterisk" || len(ht.Evidence) != 2 || failed == 0 {
 		t.Fatalf("health transition %+v: want group pbx with its 2 members' results, at least one failed", ht)
 	}
 	if chain.Claim.Env.Epoch == 0 || chain.Result.Env.CausationID != chain.Claim.Env.ID {

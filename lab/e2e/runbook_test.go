@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -79,6 +81,9 @@ type runbookLab struct {
 	env      []string
 	requests chan pendingSystemctl
 	ran      []string
+	// extra is added to the environment of the blocks run next (the
+	// directories a section's variables name in the lab).
+	extra []string
 }
 
 type pendingSystemctl struct {
@@ -89,14 +94,16 @@ type pendingSystemctl struct {
 // TestRunbook runs the commands of docs/operations.md (every section but
 // install, upgrade, rollback and uninstall, which the package test runs)
 // against one secure lab, causing each situation the runbook answers and
-// checking what it promises the commands show. The move cap is one
+// checking what it promises the commands show: last, the recoveries (the
+// site directory backed up and restored, the audit trail restored into a
+// bus that lost its store, a dead PBX host replaced). The move cap is one
 // automatic move an hour, so the second failover freezes the group.
 func TestRunbook(t *testing.T) {
 	doc, err := runbook.ParseFile(opsDoc)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, l, st, p := startLab(t, 3*time.Minute, stack.Options{SecureBus: true, MaxMovesPerHour: 1})
+	ctx, l, st, p := startLab(t, 4*time.Minute, stack.Options{SecureBus: true, MaxMovesPerHour: 1})
 	r := &runbookLab{t: t, ctx: ctx, l: l, st: st, doc: doc, requests: make(chan pendingSystemctl)}
 	r.serveSystemctl()
 	answer := func(node string) {
@@ -118,7 +125,7 @@ func TestRunbook(t *testing.T) {
 	r.must("n1", "stop-pbx")
 	answer("n2")
 	r.until(ctl, "status", 10*time.Second, holder("n2"), health("n1", "down"))
-	r.until(ctl, "explain-failover", 10*time.Second, has(`FAILOVER n1->n2`, `n1 pbx\[self\] up->down`))
+	r.until(ctl, "explain-failover", 10*time.Second, has(`FAILOVER n1->n2`, `n1 asterisk\[self\] up->down`))
 	r.must("n1", "start-pbx")
 	r.until(ctl, "status", 20*time.Second, holder("n2"), health("n1", "up"),
 		has(`preferred n1 is eligible again while n2 holds and is not down: failback needs a permit \(no failback window is open\)`))
@@ -131,9 +138,9 @@ func TestRunbook(t *testing.T) {
 	// hour's one automatic move, so the next dead holder freezes the group.
 	r.must("n1", "stop-pbx")
 	r.until(ctl, "status", 20*time.Second, holder("n1"), health("n1", "down"), has(`pbx: FROZEN: group pbx is frozen \(1 automatic moves in the last hour, the most allowed\)`,
-		`pbx: NEEDS A HUMAN: holder n1 reports pbx down; group pbx is frozen .*: not replaced, a human must act`))
-	r.until(ctl, "needs-human", 10*time.Second, has(`NEEDS A HUMAN: pbx HOLD \(holder n1\): holder n1 reports pbx down.*frozen against flapping`))
-	r.until(ctl, "flapping-transitions", 10*time.Second, has(`n1 pbx\[self\] up->down`, `n1 pbx\[self\] down->up`))
+		`pbx: NEEDS A HUMAN: holder n1 reports asterisk down; group pbx is frozen .*: not replaced, a human must act`))
+	r.until(ctl, "needs-human", 10*time.Second, has(`NEEDS A HUMAN: pbx HOLD \(holder n1\): holder n1 reports asterisk down.*frozen against flapping`))
+	r.until(ctl, "flapping-transitions", 10*time.Second, has(`n1 asterisk\[self\] up->down`, `n1 asterisk\[self\] down->up`))
 	r.must(ctl, "unfreeze")
 	answer("n2")
 	r.until(ctl, "status", 10*time.Second, holder("n2"), lacksRE("FROZEN"))
@@ -144,8 +151,8 @@ func TestRunbook(t *testing.T) {
 	r.must(ctl, "maintenance-on")
 	r.must("n2", "stop-pbx")
 	r.until(ctl, "status", 20*time.Second, holder("n2"), health("n2", "down"),
-		has(`pbx: FROZEN: group pbx is in maintenance`, `holder n2 reports pbx down.*not replaced, a human must act`))
-	r.until(ctl, "needs-human", 10*time.Second, has(`NEEDS A HUMAN: .*holder n2 reports pbx down.*is in maintenance`))
+		has(`pbx: FROZEN: group pbx is in maintenance`, `holder n2 reports asterisk down.*not replaced, a human must act`))
+	r.until(ctl, "needs-human", 10*time.Second, has(`NEEDS A HUMAN: .*holder n2 reports asterisk down.*is in maintenance`))
 	r.until("n2", "who-holds", 5*time.Second, has(vip))
 	r.must(ctl, "unfreeze-failover")
 	answer("n1")
@@ -159,7 +166,7 @@ func TestRunbook(t *testing.T) {
 	r.until(ctl, "status", 20*time.Second, health("n2", "down"))
 	r.must("n1", "stop-pbx")
 	r.until(ctl, "status", 20*time.Second, holder("n1"), health("n1", "down"), lacksRE("FROZEN"), lacksRE("NEEDS A HUMAN"),
-		has(`holder n1 reports pbx down; no other eligible node \(n2 pbx down\)`))
+		has(`holder n1 reports asterisk down; no other eligible node \(n2 asterisk down\)`))
 	r.must("n1", "start-pbx")
 	answer("n1")
 	r.must("n2", "start-pbx")
@@ -189,8 +196,14 @@ func TestRunbook(t *testing.T) {
 	r.until(ctl, "status", 10*time.Second, holder("n2"), lacksRE(`standby`),
 		has(`preferred n1 is eligible again while n2 holds and is not down: failback needs a permit`))
 
+	r.siteDir()
+	r.rebuildBus(answer)
+	r.replaceHost()
+
 	if missing := doc.Missing(r.ran, "Before you start", "What healthy looks like", "Testing a failover by hand",
-		"Taking a PBX host out of service", "Needs a human", "Replication safety valve tripped"); len(missing) > 0 {
+		"Taking a PBX host out of service", "Needs a human", "Replication safety valve tripped",
+		"Backing up the site directory and its CA", "Backing up the audit trail, and losing every NATS server",
+		"Replacing a dead PBX host"); len(missing) > 0 {
 		t.Errorf("blocks of docs/operations.md no test ran: %v", missing)
 	}
 }
@@ -378,23 +391,75 @@ func (r *runbookLab) answerSystemctl(c net.Conn) {
 	_ = json.NewEncoder(c).Encode(<-p.reply)
 }
 
-// systemctl does what the lab can of what a block asked systemd for.
+// systemctl does what the lab can of what a block asked systemd for:
+// stop|start asterisk (the stand-in PBX), and start, stop, restart, enable
+// --now and is-enabled of fan's units, which act on the lab's processes of
+// the host. A unit the lab does not run on that host (its bus is one
+// server on ctl; its PBX hosts run no arbiter) is said so and skipped.
 func (r *runbookLab) systemctl(q systemctlRequest) systemctlReply {
+	args := q.Args
+	quiet := len(args) > 0 && args[0] == "--quiet"
+	if quiet {
+		args = args[1:]
+	}
+	if len(args) >= 2 && args[0] == "enable" && args[1] == "--now" {
+		args = append([]string{"start"}, args[2:]...)
+	}
+	var out strings.Builder
 	var err error
-	switch a := strings.Join(q.Args, " "); {
+	switch a := strings.Join(args, " "); {
 	case a == "stop asterisk":
 		err = r.st.KillPBX(r.ctx, q.Host)
 	case a == "start asterisk":
 		err = r.st.ThawPBX(r.ctx, q.Host)
-	case len(q.Args) == 2 && q.Args[0] == "restart" && strings.HasPrefix(q.Args[1], "fan-"):
-		err = r.st.Restart(q.Host, q.Args[1])
+	case len(args) == 2 && args[0] == "is-enabled":
+		if r.st.Proc(q.Host, args[1]) == nil {
+			if !quiet {
+				out.WriteString("disabled\n")
+			}
+			return systemctlReply{Output: out.String(), Code: 1}
+		}
+		if !quiet {
+			out.WriteString("enabled\n")
+		}
+	case len(args) >= 2 && slices.Contains([]string{"start", "stop", "restart"}, args[0]):
+		for _, unit := range args[1:] {
+			if err = r.unit(q.Host, args[0], unit, &out); err != nil {
+				break
+			}
+		}
 	default:
-		err = errors.New("the lab knows only stop|start asterisk and restart fan-<service>")
+		err = errors.New("the lab knows only stop|start asterisk, start|stop|restart|enable --now|is-enabled fan-<service>")
 	}
 	if err != nil {
-		return systemctlReply{Output: fmt.Sprintf("systemctl %s (lab, %s): %v\n", strings.Join(q.Args, " "), q.Host, err), Code: 1}
+		fmt.Fprintf(&out, "systemctl %s (lab, %s): %v\n", strings.Join(q.Args, " "), q.Host, err)
+		return systemctlReply{Output: out.String(), Code: 1}
 	}
-	return systemctlReply{}
+	return systemctlReply{Output: out.String()}
+}
+
+// unit starts, stops or restarts one of fan's units on host.
+func (r *runbookLab) unit(host, verb, unit string, out *strings.Builder) error {
+	if !strings.HasPrefix(unit, "fan-") {
+		return fmt.Errorf("%s: not a unit of fan's", unit)
+	}
+	p := r.st.Proc(host, unit)
+	if p == nil {
+		fmt.Fprintf(out, "systemctl (lab): %s does not run on %s in this lab\n", unit, host)
+		return nil
+	}
+	switch verb {
+	case "stop":
+		return p.Stop()
+	case "restart":
+		return r.st.Restart(host, unit)
+	}
+	if !p.Exited() {
+		return nil
+	}
+	// On a PBX host this starts whatever of the host is not running, as
+	// a machine that boots does.
+	return r.st.RestartService(r.ctx, host, unit)
 }
 
 // run runs block name on host after the env block, as an operator's shell
@@ -411,8 +476,9 @@ func (r *runbookLab) run(host, name string) (string, error) {
 	}
 	r.ran = append(r.ran, env.Name, b.Name)
 	argv := append([]string{"env"}, r.env...)
+	argv = append(argv, r.extra...)
 	argv = append(argv, labHostEnv+"="+host, "REPLICATOR_CONFIG="+r.st.ConfigPath(host, "replicator"),
-		"bash", "-euo", "pipefail", "-c", env.Text+b.Text)
+		"IPMOVER_STATE="+r.ipmoverState(host), "bash", "-euo", "pipefail", "-c", env.Text+b.Text)
 	type result struct {
 		out []byte
 		err error
@@ -555,5 +621,348 @@ func waitFiles(t *testing.T, dir string, want int) {
 			t.Fatalf("%s holds %d files, want %d", dir, n, want)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// ipmoverState is the ipmover's state_file on host, as its configuration
+// names it ("" where no ipmover runs).
+func (r *runbookLab) ipmoverState(host string) string {
+	b, err := os.ReadFile(r.st.ConfigPath(host, "ipmover"))
+	if err != nil {
+		return ""
+	}
+	m := regexp.MustCompile(`(?m)^state_file:\s*(\S+)`).FindSubmatch(b)
+	if m == nil {
+		return ""
+	}
+	return string(m[1])
+}
+
+// labSite is a site file for the lab's hosts, for the blocks about the
+// directory fanctl init writes (the lab's bus itself is made by fanctl
+// nats-config from the stack).
+const labSite = `cluster: lab
+hosts:
+  - {name: n1, role: pbx, address: 198.51.100.11, interface: eth0}
+  - {name: n2, role: pbx, address: 198.51.100.12, interface: eth0}
+  - {name: ctl, role: witness, address: 198.51.100.2}
+groups:
+  - name: pbx
+    addresses: [198.51.100.10/24]
+    nodes: [n1, n2]
+people:
+  operators: [alice]
+`
+
+// siteDir: the admin's directory (what fanctl init wrote) is backed up,
+// lost, and restored on a "new machine": the same CA, every file byte for
+// byte, and fanctl init run on it finds every host unchanged. Without it,
+// fanctl init starts a new CA and every host needs a new bundle, as the
+// runbook says.
+func (r *runbookLab) siteDir() {
+	t := r.t
+	base := t.TempDir()
+	fanctl := filepath.Join(stack.BinDirForTest(t), "fanctl")
+	siteFile := filepath.Join(base, "site.yaml")
+	if err := os.WriteFile(siteFile, []byte(labSite), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	site := filepath.Join(base, "admin", "fan-site")
+	if out, err := exec.Command(fanctl, "init", "--site", siteFile, "--out", site).CombinedOutput(); err != nil {
+		t.Fatalf("fanctl init: %v\n%s", err, out)
+	}
+	backups := filepath.Join(base, "backups")
+	r.extra = []string{"SITE_DIR=" + site, "BACKUP_DIR=" + backups}
+	defer func() { r.extra = nil }()
+	out := r.must(ctl, "backup-site")
+	seeds := 0
+	_ = filepath.WalkDir(site, func(p string, d os.DirEntry, err error) error {
+		if err == nil && strings.HasSuffix(p, ".nk") {
+			seeds++
+		}
+		return err
+	})
+	if err := has(fmt.Sprintf(`(?m)^%d$`, seeds))(out); err != nil || seeds == 0 {
+		t.Fatalf("backup-site does not count the %d seeds: %v", seeds, err)
+	}
+	digest := regexp.MustCompile(`(?m)^([0-9a-f]{64})  \S+/bus/ca/ca.pem$`).FindStringSubmatch(out)
+	if digest == nil {
+		t.Fatalf("backup-site printed no CA digest:\n%s", out)
+	}
+	// The old machine's copy, to compare with what the restore brings back.
+	orig := filepath.Join(base, "orig")
+	if out, err := exec.Command("cp", "-a", site, orig).CombinedOutput(); err != nil {
+		t.Fatalf("cp: %v: %s", err, out)
+	}
+	if err := os.RemoveAll(filepath.Dir(site)); err != nil {
+		t.Fatal(err)
+	}
+	restored := filepath.Join(base, "new-admin", "fan-site")
+	r.extra = []string{"SITE_DIR=" + restored, "BACKUP_DIR=" + backups}
+	out = r.must(ctl, "restore-site")
+	if err := has(regexp.QuoteMeta(digest[1]), `(?m)^\s+n1\s+unchanged$`, `(?m)^\s+n2\s+unchanged$`, `(?m)^\s+ctl\s+unchanged$`,
+		`no host needs a new bundle`)(out); err != nil {
+		t.Fatalf("restore-site: %v\n%s", err, out)
+	}
+	sameTree(t, orig, restored)
+	sameTree(t, restored, orig)
+
+	// Without the backup: a new CA, and every host needs a new bundle.
+	lost := filepath.Join(base, "lost", "fan-site")
+	b, err := exec.Command(fanctl, "init", "--site", siteFile, "--out", lost).CombinedOutput()
+	if err != nil {
+		t.Fatalf("fanctl init: %v\n%s", err, b)
+	}
+	ca, err := os.ReadFile(filepath.Join(lost, "bus", "ca", "ca.pem"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if old, _ := os.ReadFile(filepath.Join(orig, "bus", "ca", "ca.pem")); bytes.Equal(ca, old) {
+		t.Fatal("fanctl init into an empty directory kept the lost CA")
+	}
+	if err := has(`hosts that need the new bundle: n1 n2 ctl`)(string(b)); err != nil {
+		t.Fatalf("a new CA does not re-key every host: %v\n%s", err, b)
+	}
+}
+
+// rebuildBus: the audit trail is backed up, then the bus loses its store
+// (the lab's one server stands for all three). The runbook's steps make it
+// again with the trail: every record from before is back with its id and
+// time, a decision from before still explains, the arbiter places the
+// group anew and the trail goes on recording commands.
+func (r *runbookLab) rebuildBus(answer func(string)) {
+	t := r.t
+	r.extra = []string{"BACKUP_DIR=" + t.TempDir(), "ADMIN_CONFIG=" + r.st.FanctlConfig(stack.LabAdmin), "REPLICAS=1"}
+	defer func() { r.extra = nil }()
+	before, err := r.st.Events(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(before) == 0 {
+		t.Fatal("no trail to back up")
+	}
+	places := 0
+	for _, e := range before {
+		if d, ok := e.Payload.(*events.ArbiterDecision); ok && d.Action == events.ActionPlace {
+			places++
+		}
+	}
+	// The runbook restarts the host that does not hold the address first.
+	holderNow, other := "n1", "n2"
+	if gs, err := r.st.Status(r.ctx); err == nil && len(gs) == 1 && gs[0].Holder == "n2" {
+		holderNow, other = "n2", "n1"
+	}
+	backedUp := r.must(ctl, "backup-trail")
+	m := regexp.MustCompile(`FAN_EVENTS: (\d+) messages, sequences (\d+)\.\.(\d+),`).FindStringSubmatch(backedUp)
+	if m == nil {
+		t.Fatalf("backup-trail:\n%s", backedUp)
+	}
+
+	r.must(ctl, "rebuild-stop-arbiter")
+	// Every server's store is lost, and each is started again empty.
+	lost := time.Now()
+	if err := r.st.KillNATS(ctl); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(r.st.NATSStore(ctl)); err != nil {
+		t.Fatal(err)
+	}
+	r.must(ctl, "rebuild-start-nats")
+	out := r.must(ctl, "restore-trail")
+	if err := has(fmt.Sprintf(`FAN_EVENTS restored: %s messages, sequences %s\.\.%s,`, m[1], m[2], m[3]))(out); err != nil {
+		t.Fatal(err)
+	}
+	// A second restore is refused: the audit stream is never replaced.
+	if out, err := r.run(ctl, "restore-trail"); err == nil || !strings.Contains(out, "FAN_EVENTS exists on this bus") {
+		t.Fatalf("a restore over the existing audit stream was not refused (%v):\n%s", err, out)
+	}
+	r.must(other, "rebuild-restart-pbx")
+	r.must(holderNow, "rebuild-restart-pbx")
+	r.must(ctl, "rebuild-start-witness")
+	answer("n1")
+	r.until(ctl, "status", 30*time.Second, holder("n1"), health("n1", "up"), health("n2", "up"))
+
+	after, err := r.st.Events(r.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := map[string]time.Time{}
+	for _, e := range after {
+		stored[e.Env.ID] = e.Env.Time
+	}
+	for _, e := range before {
+		if _, ok := stored[e.Env.ID]; !ok {
+			t.Fatalf("%s %s (id %s) is not in the restored trail", e.Env.Type, e.Env.Time.Format(time.RFC3339Nano), e.Env.ID)
+		}
+	}
+	// The records keep the times they were stored at, which the stream's
+	// age limit counts from.
+	r.checkStoredBefore(lost)
+	r.until(ctl, "restored-trail", 10*time.Second, func(out string) error {
+		if n := len(regexp.MustCompile(` PLACE `).FindAllString(out, -1)); n != places+1 {
+			return fmt.Errorf("%d placements, want the %d restored and the new bus's", n, places)
+		}
+		return has(`FAILOVER n1->n2`)(out)
+	}, lastLine(` PLACE `, `PLACE (none)->n1`))
+	r.until(ctl, "explain-restored", 10*time.Second, has(`arbiter.decision .* FAILOVER n1->n2`, `n1 asterisk\[self\] up->down`))
+	// The restored stream sources the new command stream: the new
+	// placement's claim is in the trail.
+	claim := "claim " + r.l.FloatingIP().String() + " on n1"
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		out := r.fanctl(ctl, "events --since "+time.Since(lost).Round(time.Second).String()+" --type command.claim_ip")
+		if strings.Contains(out, claim) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the new bus's claim (%s) is not in the audit trail:\n%s", claim, out)
+		}
+	}
+}
+
+// checkStoredBefore requires the audit stream's first record to carry the
+// time it was first stored, before t.
+func (r *runbookLab) checkStoredBefore(t0 time.Time) {
+	t := r.t
+	nc, js, err := r.st.ConnectAs(ctl, "arbiter")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(r.ctx, 10*time.Second)
+	defer cancel()
+	st, err := js.Stream(ctx, events.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := st.GetMsg(ctx, info.State.FirstSeq)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !msg.Time.Before(t0) {
+		t.Fatalf("the restored stream's first record is stamped %v, after the loss at %v", msg.Time, t0)
+	}
+}
+
+// replaceHost: n2 dies for good; a new machine with its name, address and
+// files but none of its state takes its place, in standby until the
+// holder's trees are on it, then back in service as a healthy standby.
+func (r *runbookLab) replaceHost() {
+	t := r.t
+	if _, err := r.st.Lab.KillAll("n2"); err != nil {
+		t.Fatal(err)
+	}
+	r.until(ctl, "status", 10*time.Second, holder("n1"), silent("n2", true))
+	r.must(ctl, "replace-standby")
+	// The new machine: nothing of the old one's state (trees, the
+	// replicator's and the ipmover's records).
+	for _, p := range []string{filepath.Dir(r.st.ReplicatorTree("n2", "voicemail")), r.ipmoverState("n2")} {
+		if err := os.RemoveAll(p); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Install, step 3 on the new machine: its NATS server (none in this
+	// lab: the bus is one server on ctl) and its services start.
+	started := time.Now()
+	if err := r.st.StartNode(r.ctx, "n2"); err != nil {
+		t.Fatal(err)
+	}
+	r.until(ctl, "replace-status", 30*time.Second, holder("n1"), health("n2", "up"), silent("n2", false), has(`pbx: n2 is in standby`))
+	r.until(ctl, "replace-trail", 10*time.Second, hasSince(started, `prober on n2 started`, `ipmover on n2 started`, `replicator on n2 started`,
+		`n2 asterisk\[self\] unknown->up`))
+	for _, tree := range []string{"asterisk-etc", "voicemail"} {
+		src, dst := r.st.ReplicatorTree("n1", tree), r.st.ReplicatorTree("n2", tree)
+		waitFiles(t, dst, countFiles(t, src))
+		sameTree(t, src, dst)
+	}
+	r.until(ctl, "replace-caught-up", 30*time.Second, lastLineSince(`n1->n2 asterisk-etc `, `caught_up=true`, started),
+		lastLineSince(`n1->n2 voicemail `, `caught_up=true`, started))
+	r.must(ctl, "replace-active")
+	r.until(ctl, "status", 10*time.Second, holder("n1"), health("n2", "up"), silent("n2", false), lacksRE(`standby`))
+	gs, err := r.st.Status(r.ctx)
+	if err != nil || len(gs) != 1 {
+		t.Fatalf("status: %v %v", gs, err)
+	}
+	if n := gs[0].Nodes["n2"]; !n.Eligible || n.Standby {
+		t.Fatalf("the replaced host is not an eligible standby: %+v", n)
+	}
+}
+
+// silent requires fanctl status's node table to show node silent or not.
+func silent(node string, is bool) func(string) error {
+	return has(fmt.Sprintf(`(?m)^pbx\s+%s\s+\d+\s.*\s%v\s*$`, node, is))
+}
+
+// lastLineSince requires the last line containing key to contain want and
+// to be stamped after t (fanctl events' lines start with their time).
+func lastLineSince(key, want string, t time.Time) func(string) error {
+	return func(out string) error {
+		if err := lastLine(key, want)(out); err != nil {
+			return err
+		}
+		last := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.Contains(l, key) {
+				last = l
+			}
+		}
+		at, err := time.Parse("2006-01-02T15:04:05.000Z07:00", strings.Fields(last)[0])
+		if err != nil {
+			return fmt.Errorf("line %q: %w", last, err)
+		}
+		if !at.After(t) {
+			return fmt.Errorf("last line with %q is from %v, before %v", key, at, t)
+		}
+		return nil
+	}
+}
+
+// hasSince requires every pattern to match a line of fanctl events'
+// output stamped after t.
+func hasSince(t time.Time, patterns ...string) func(string) error {
+	return func(out string) error {
+		for _, p := range patterns {
+			re, found := regexp.MustCompile(p), false
+			for _, l := range strings.Split(out, "\n") {
+				f := strings.Fields(l)
+				if len(f) == 0 || !re.MatchString(l) {
+					continue
+				}
+				if at, err := time.Parse("2006-01-02T15:04:05.000Z07:00", f[0]); err == nil && at.After(t) {
+					found = true
+					break
+				}
+			}
+			if !found {
+				return fmt.Errorf("no line after %v matches %q", t, p)
+			}
+		}
+		return nil
+	}
+}
+
+// sameTree requires dst to hold every file of src with the same content.
+func sameTree(t *testing.T, src, dst string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(p string, d os.DirEntry, err error) error {
+		if err != nil || !d.Type().IsRegular() {
+			return err
+		}
+		rel, _ := filepath.Rel(src, p)
+		want, err := os.ReadFile(p)
+		if err != nil {
+			return err
+		}
+		got, err := os.ReadFile(filepath.Join(dst, rel))
+		if err != nil || !bytes.Equal(got, want) {
+			return fmt.Errorf("%s: %s differs on the replaced host (%v)", filepath.Base(src), rel, err)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

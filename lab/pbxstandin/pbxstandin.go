@@ -7,7 +7,9 @@
 // IP. An operator switches it between normal, frozen (a deadlocked Asterisk:
 // AMI accepts TCP and never answers, SIP is silent) and dead (a crashed
 // Asterisk: AMI refuses connections, SIP ports are closed) over a unix
-// control socket.
+// control socket. With Config.Registrar its SIP side is a registrar as
+// Asterisk 22's is (registrar.go), and Originate reaches registered
+// phones.
 package pbxstandin
 
 import (
@@ -55,8 +57,14 @@ type Config struct {
 	// as Asterisk is run in hot standby.
 	SIP []string
 	// AMI configures the AMI peer (Addr, Username, Secret at least).
-	AMI    amipeer.Config
-	Logger *slog.Logger
+	AMI amipeer.Config
+	// Registrar, when set, makes the SIP side a registrar as Asterisk 22's
+	// is (registrar.go): REGISTER stores the contact in the AMI peer's
+	// AstDB and raises its ContactStatus events, and Originate
+	// PJSIP/<aor> sends an INVITE to the AOR's contacts. Without it a
+	// REGISTER is answered 200 and forgotten.
+	Registrar *amipeer.RegistrarConfig
+	Logger    *slog.Logger
 }
 
 // PBX is a running stand-in.
@@ -69,6 +77,8 @@ type PBX struct {
 	mode  Mode
 	conns []*net.UDPConn
 	wg    sync.WaitGroup
+
+	dial dialing
 }
 
 // Start starts the AMI peer and the SIP responder in Normal mode.
@@ -89,6 +99,10 @@ func Start(cfg Config) (*PBX, error) {
 	}
 	cfg.SIP = append([]string(nil), cfg.SIP...)
 	p := &PBX{cfg: cfg, log: cfg.Logger, ami: ami, mode: Normal}
+	if cfg.Registrar != nil {
+		ami.EnableRegistrar(*cfg.Registrar)
+		ami.SetDialer(p.Dial)
+	}
 	p.mu.Lock()
 	err = p.openSIP()
 	p.mu.Unlock()
@@ -98,6 +112,9 @@ func Start(cfg Config) (*PBX, error) {
 	}
 	return p, nil
 }
+
+// AMI is the stand-in's AMI peer (its AstDB, its registrar).
+func (p *PBX) AMI() *amipeer.Peer { return p.ami }
 
 // AMIAddr is where the AMI peer listens.
 func (p *PBX) AMIAddr() string { return p.ami.Addr() }
@@ -196,6 +213,9 @@ func (p *PBX) serveSIP(c *net.UDPConn) {
 			return
 		}
 		if p.frozen() {
+			continue
+		}
+		if p.handleResponse(buf[:n], from) || p.handleRegister(c, buf[:n], from) {
 			continue
 		}
 		if resp := Respond(buf[:n], p.cfg.Node); resp != nil {

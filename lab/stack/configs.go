@@ -14,7 +14,7 @@ bus:
 heartbeat_interval: 1s
 presence_interval: {{.PresenceInterval}}
 checks:
-  - name: pbx-ami
+  - name: asterisk-ami
     kind: ami
     role: self
     address: {{.AMIAddr}}
@@ -24,7 +24,7 @@ checks:
     timeout: {{.Timeout}}
     rise: {{.Rise}}
     fall: {{.Fall}}
-  - name: pbx-sip
+  - name: asterisk-sip
     kind: sip
     role: self
     address: {{.NodeAddr}}:5060
@@ -47,9 +47,9 @@ checks:
     fall: {{$.Fall}}
 {{- end}}{{end}}
 groups:
-  - name: pbx
+  - name: asterisk
     min_up: 2
-    checks: [pbx-ami, pbx-sip]
+    checks: [asterisk-ami, asterisk-sip]
 `,
 	"ipmover": `cluster: {{.Cluster}}
 node: {{.Node}}
@@ -152,7 +152,7 @@ groups:
   - name: {{.Group}}
     addresses: [{{.VIP}}]
     nodes: [{{range $i, $n := .Nodes}}{{if $i}}, {{end}}{{$n}}{{end}}]
-    health_check: pbx
+    health_check: asterisk
 {{- if or .MaxMovesPerHour .PresenceGrace .ArbiterTick}}
 policy:
 {{- if .MaxMovesPerHour}}

@@ -109,10 +109,16 @@ func (s *Stack) FanctlConfig(person string) string {
 	return filepath.Join(s.dir, "fanctl-"+person+".yaml")
 }
 
+// NATSServerConfig is the nats-server configuration host's fan-nats runs
+// with in a SecureBus lab (-server-config): its name, TLS and routes.
+func (s *Stack) NATSServerConfig(host string) string {
+	return filepath.Join(s.dir, s.ServerName(host)+"-nats-server.conf")
+}
+
 // natsSecurityArgs are fan-nats's authentication and TLS arguments on host.
 func (s *Stack) natsSecurityArgs(host string) []string {
 	if s.opts.SecureBus {
-		return []string{"-server-config", filepath.Join(s.dir, s.ServerName(host)+"-nats-server.conf")}
+		return []string{"-server-config", s.NATSServerConfig(host)}
 	}
 	return []string{"-insecure-lab"}
 }

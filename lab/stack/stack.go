@@ -78,6 +78,9 @@ type Options struct {
 	// with three servers the routes are mutual TLS too, and the arbiters'
 	// bus.system is the generated system-account identity.
 	SecureBus bool
+	// AMISystemName is the systemname every node's AMI peer reports
+	// (CoreSettings), as asterisk.conf sets it; empty is Asterisk's default.
+	AMISystemName string
 }
 
 func (o *Options) defaults() {
@@ -300,8 +303,11 @@ func (s *Stack) StartNode(ctx context.Context, node string) error {
 	}
 	if !running("fan-amipeer") {
 		_ = os.Remove(s.amiControl(node))
-		if err := s.start(node, "fan-amipeer", "-listen", amiAddr, "-user", amiUser, "-secret", amiSecret,
-			"-control", s.amiControl(node)); err != nil {
+		args := []string{"-listen", amiAddr, "-user", amiUser, "-secret", amiSecret, "-control", s.amiControl(node)}
+		if s.opts.AMISystemName != "" {
+			args = append(args, "-systemname", s.opts.AMISystemName)
+		}
+		if err := s.start(node, "fan-amipeer", args...); err != nil {
 			return err
 		}
 		if err := s.waitTCP(ctx, node, amiAddr); err != nil {
@@ -583,7 +589,9 @@ func (s *Stack) KillPBX(ctx context.Context, node string) error {
 
 // Events reads the whole audit trail through fanctl on the control host.
 func (s *Stack) Events(ctx context.Context) ([]Event, error) {
-	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "events", "--since", "all", "--json")
+	// --timeout bounds the whole read: a long lab's trail takes more than
+	// the 10 s default.
+	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "--timeout", "2m", "events", "--since", "all", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("fanctl events: %w", err)
 	}
@@ -593,7 +601,7 @@ func (s *Stack) Events(ctx context.Context) ([]Event, error) {
 // LiveEvents reads the live stream (heartbeats, probe results) through
 // fanctl on the control host.
 func (s *Stack) LiveEvents(ctx context.Context) ([]Event, error) {
-	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "events", "--live", "--since", "all", "--json")
+	out, err := s.Fanctl(ctx, "--cluster", s.opts.Cluster, "--timeout", "2m", "events", "--live", "--since", "all", "--json")
 	if err != nil {
 		return nil, fmt.Errorf("fanctl events --live: %w", err)
 	}

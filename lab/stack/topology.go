@@ -258,3 +258,15 @@ func (s *Stack) deleteRules(ctx context.Context, host string, rules [][]string) 
 	}
 	return nil
 }
+
+// NATSStore is the store directory of host's NATS server, for a test that
+// loses it as a dead disk would (stop the server first).
+func (s *Stack) NATSStore(host string) string {
+	args := s.natsArgs(host)
+	for i, a := range args[:len(args)-1] {
+		if a == "-store" {
+			return args[i+1]
+		}
+	}
+	return ""
+}

@@ -3,8 +3,10 @@ package systemdbox
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"testing"
@@ -14,62 +16,87 @@ import (
 )
 
 // The runbook's hosts: two PBX hosts and the witness, each a box on a
-// docker network in 198.51.100.0/24, with the names the cluster file gives
-// them resolving through /etc/hosts.
+// docker network in 192.0.2.0/24, the LAN the floating address is on, as
+// the runbook's site file says.
 var runbookHosts = []struct {
 	name, ip string
 	pbx      bool
 }{
-	{"pbx-a", "198.51.100.11", true},
-	{"pbx-b", "198.51.100.12", true},
-	{"ctl", "198.51.100.2", false},
+	{"pbx-a", "192.0.2.11", true},
+	{"pbx-b", "192.0.2.12", true},
+	{"ctl", "192.0.2.2", false},
 }
 
 // The runbook sections this test runs every shell block of.
-var packageSections = []string{"Install", "Rolling upgrade", "Rollback", "Uninstall"}
+var packageSections = []string{"Install", "Changing the site", "Rolling upgrade", "Rollback", "Uninstall"}
 
-// hostConfigs are the services' configurations without their bus section
-// (the bundle's <service>-bus.yaml is appended on the host, as the runbook
-// says): what an operator writes from the examples, with a TCP check of
-// the host's own NATS port standing in for Asterisk, which the boxes lack.
-func hostConfigs(host string, pbx bool) map[string]string {
-	common := func(port int) string {
-		return fmt.Sprintf("cluster: prod\nnode: %s\nhttp_listen: 127.0.0.1:%d\n", host, port)
-	}
-	arbiter := common(9104) + `lease_ttl: 3s
-groups:
-  - name: pbx
-    addresses: [` + floatAddr + `]
-    nodes: [pbx-a, pbx-b]
-    health_check: up
-    planned:
-      drain_within: 5s
+const (
+	runbookVIP    = "192.0.2.10"
+	runbookSubnet = "192.0.2.0/24"
+)
+
+// The boxes have no Asterisk: the PBX stand-in (lab/pbxstandin: the AMI
+// peer, a SIP responder and registrar) runs as asterisk.service and reads
+// /etc/asterisk as Asterisk would: AMI and its users from manager.conf (fan's
+// user is the one install-host adds), the systemname from asterisk.conf, the
+// transports it answers SIP on from pjsip.conf. `asterisk -rx 'manager
+// reload'`, which install-host runs after adding fan's user, restarts it.
+const standinUnit = `[Unit]
+Description=PBX stand-in for Asterisk (fan's lab)
+After=network-online.target
+StartLimitIntervalSec=0
+
+[Service]
+ExecStart=/usr/local/bin/fan-pbxstandin -etc /etc/asterisk -registrar
+EnvironmentFile=/etc/default/asterisk
+Restart=always
+RestartSec=200ms
+
+[Install]
+WantedBy=multi-user.target
 `
-	if !pbx {
-		return map[string]string{
-			"arbiter": arbiter,
-			"scheduler": common(9105) + `groups:
-  - name: pbx
-    windows:
-      - name: nightly
-        time_zone: UTC
-        weekly:
-          - {days: [daily], from: "02:00", to: "05:00"}
-`,
+
+const asteriskCLI = `#!/bin/sh
+# The stand-in's answer to what install-host asks of a running Asterisk.
+if [ "$1" = -rx ] && [ "$2" = "manager reload" ]; then exec systemctl restart asterisk; fi
+echo "asterisk (stand-in): $*: not supported" >&2
+exit 1
+`
+
+// setupPBX gives a PBX box its stand-in Asterisk, configured as an
+// operator following deploy/asterisk would: AMI on loopback, the same
+// systemname on both hosts. Its unit is enabled and not started: there is
+// no AMI user for fan until install-host adds it, and no transports until
+// the host's pjsip.conf is written (asteriskTransports).
+func setupPBX(ctx context.Context, b *Box, host, standin string) error {
+	if err := b.CopyIn(ctx, standin, "/usr/local/bin/fan-pbxstandin"); err != nil {
+		return err
+	}
+	files := map[string]string{
+		"/etc/asterisk/manager.conf":           "[general]\nenabled = yes\nbindaddr = 127.0.0.1\nport = 5038\n",
+		"/etc/asterisk/asterisk.conf":          "[options]\nsystemname = pbx\n",
+		"/etc/systemd/system/asterisk.service": standinUnit,
+		"/usr/local/sbin/asterisk":             asteriskCLI,
+		"/etc/default/asterisk":                "FAN_PBX_NODE=" + host + "\n",
+	}
+	for path, body := range files {
+		mode := "0644"
+		if strings.HasPrefix(path, "/usr/local/sbin/") {
+			mode = "0755"
+		}
+		if err := b.WriteFile(ctx, path, mode, body); err != nil {
+			return err
 		}
 	}
-	return map[string]string{
-		"prober": common(9101) + `checks:
-  - {name: up, kind: tcp, role: self, address: "127.0.0.1:4222", interval: 200ms, timeout: 150ms, rise: 2, fall: 3}
-`,
-		"ipmover": common(9102) + ipmoverBody,
-		"replicator": common(9103) + `group: pbx
-state_dir: /var/lib/fan/replicator
-trees:
-  - name: asterisk-etc
-    path: /etc/asterisk
-`,
-	}
+	_, err := b.Output(ctx, "mkdir -p /var/spool/asterisk/voicemail && chmod 0755 /usr/local/bin/fan-pbxstandin && systemctl daemon-reload && systemctl enable asterisk")
+	return err
+}
+
+// asteriskTransports is the operator merging the bundle's PJSIP
+// transports into the host's pjsip.conf (the production guide, section 3).
+func asteriskTransports(ctx context.Context, b *Box, host string) error {
+	_, err := b.Output(ctx, "install -m 0644 /root/"+host+"/asterisk/pjsip-transports.conf /etc/asterisk/pjsip.conf")
+	return err
 }
 
 // rb runs the runbook's blocks in boxes and remembers which ran.
@@ -148,14 +175,10 @@ func TestRunbookPackage(t *testing.T) {
 		t.Fatal(err)
 	}
 	image := ImageForTest(t)
-	network := NetworkForTest(t, "198.51.100.0/24")
-	names := map[string]string{}
+	network := NetworkForTest(t, runbookSubnet)
 	var opts []Options
 	for _, h := range runbookHosts {
-		names[h.name+".example.net"] = h.ip
-	}
-	for _, h := range runbookHosts {
-		opts = append(opts, Options{Hostname: h.name, Network: network, IP: h.ip, Hosts: names})
+		opts = append(opts, Options{Hostname: h.name, Network: network, IP: h.ip})
 	}
 	boxes := BootForTest(t, image, opts...)
 	box := map[string]*Box{}
@@ -165,9 +188,6 @@ func TestRunbookPackage(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	r := &rb{t: t, ctx: ctx, doc: doc}
-	// fanctl's operator bundle is the default of "Before you start" once
-	// install-fanctl put it on the witness.
-	operator := "FANCTL_CONFIG=/etc/fan/bus/fanctl.yaml"
 	oldEnv := "FAN_DEB=/root/" + filepath.Base(oldDeb)
 	newEnv := "FAN_DEB=/root/" + filepath.Base(newDeb)
 	oldVer, newVer := debVersion(t, oldDeb), debVersion(t, newDeb)
@@ -175,7 +195,13 @@ func TestRunbookPackage(t *testing.T) {
 		t.Fatalf("FAN_DEB and FAN_DEB_NEXT are both version %s", oldVer)
 	}
 
-	// Install.
+	// Install: the site file on the admin's machine (the witness), init,
+	// each host's bundle copied to it, install.sh on each, provision,
+	// doctor on each. These are the only commands of the install.
+	standin := os.Getenv("FAN_STANDIN")
+	if standin == "" {
+		t.Fatal("FAN_STANDIN is not set: make systemd-test passes the PBX stand-in's binary")
+	}
 	for _, h := range runbookHosts {
 		b := box[h.name]
 		for _, d := range []string{oldDeb, newDeb} {
@@ -183,77 +209,66 @@ func TestRunbookPackage(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		out := r.run(b, h.name, "install-package", oldEnv)
-		if !strings.Contains(out, "fan "+oldVer+" installed") {
-			t.Fatalf("install-package on %s: want fan %s installed in:\n%s", h.name, oldVer, out)
-		}
-		if _, err := b.Output(ctx, fmt.Sprintf("ip link add %[1]s type veth peer name %[1]sp && ip link set %[1]s up && ip link set %[1]sp up && "+
-			"mkdir -p /etc/asterisk && echo '; test' >/etc/asterisk/extensions.conf", floatIface)); err != nil {
-			t.Fatal(err)
+		if h.pbx {
+			if err := setupPBX(ctx, b, h.name, standin); err != nil {
+				t.Fatalf("%s: the stand-in Asterisk: %v", h.name, err)
+			}
 		}
 	}
-	// The admin's machine is the witness here: it makes the credentials
-	// and hands each host its two bundles.
 	ctl := box["ctl"]
-	if err := ctl.WriteFile(ctx, "/root/cluster.yaml", "0600", r.text("cluster-file")); err != nil {
+	if err := ctl.WriteFile(ctx, "/root/site.yaml", "0600", r.text("site-file")); err != nil {
 		t.Fatal(err)
 	}
-	r.run(ctl, "ctl", "install-credentials")
+	out := r.run(ctl, "ctl", "install-init", oldEnv)
 	for _, h := range runbookHosts {
-		if h.name == "ctl" {
-			continue
+		if !strings.Contains(out, h.name) || !strings.Contains(out, "fan-site/hosts/"+h.name) {
+			t.Fatalf("install-init does not name %s's bundle:\n%s", h.name, out)
 		}
-		if err := pipeTar(ctx, ctl, box[h.name], "fan-bus/hosts/"+h.name, "fan-bus/hosts/nats-"+h.name); err != nil {
-			t.Fatal(err)
-		}
-	}
-	natsYAML := r.text("nats-yaml")
-	if !strings.Contains(natsYAML, "server_name: nats-pbx-a\n") {
-		t.Fatalf("runbook:nats-yaml no longer names nats-pbx-a:\n%s", natsYAML)
 	}
 	for _, h := range runbookHosts {
-		b := box[h.name]
-		r.run(b, h.name, "install-host-credentials")
-		if err := b.WriteFile(ctx, "/etc/fan/nats.yaml", "0640",
-			strings.Replace(natsYAML, "server_name: nats-pbx-a\n", "server_name: nats-"+h.name+"\n", 1)); err != nil {
+		// scp -r fan-site/hosts/<host> root@<host>: (or cp -r on the witness)
+		if err := pipeTar(ctx, ctl, box[h.name], "/root/fan-site/hosts", h.name); err != nil {
 			t.Fatal(err)
 		}
-		r.run(b, h.name, "install-start-nats")
+		if h.pbx {
+			if err := asteriskTransports(ctx, box[h.name], h.name); err != nil {
+				t.Fatal(err)
+			}
+		}
 	}
-	r.run(ctl, "ctl", "install-fanctl")
+	for _, h := range runbookHosts {
+		out := r.run(box[h.name], h.name, "install-host", oldEnv)
+		if !strings.Contains(out, "installed fan") || !strings.Contains(out, "started: fan-nats") {
+			t.Fatalf("install-host on %s:\n%s", h.name, out)
+		}
+		if h.pbx {
+			// install-host added fan's AMI user and had the stand-in reload it.
+			if got, err := box[h.name].Output(ctx, "grep -c 'manager.d/fan.conf' /etc/asterisk/manager.conf; stat -c '%U:%G %a' /etc/asterisk/manager.d/fan.conf"); err != nil || !strings.HasPrefix(got, "1\nroot:") {
+				t.Fatalf("%s: fan's AMI user: %q %v", h.name, got, err)
+			}
+		}
+	}
 	r.run(ctl, "ctl", "install-provision")
 	for _, h := range runbookHosts {
-		b := box[h.name]
-		for svc, body := range hostConfigs(h.name, h.pbx) {
-			path := "/etc/fan/" + svc + ".yaml"
-			if err := b.WriteFile(ctx, path, "0640", body); err != nil {
-				t.Fatal(err)
-			}
-			// The bundle's bus section, with the replication the
-			// three servers give.
-			if _, err := b.Output(ctx, fmt.Sprintf(`sed 's/^bus:$/bus:\n  replicas: 3/' /etc/fan/bus/%[1]s-bus.yaml >>%[2]s && chgrp fan %[2]s &&
-runuser -u fan -- fan-%[1]s -check-config %[2]s`, svc, path)); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	for _, h := range runbookHosts {
-		if h.pbx {
-			r.run(box[h.name], h.name, "install-start-pbx")
-		}
-	}
-	r.run(ctl, "ctl", "install-start-witness")
-	for _, h := range runbookHosts {
-		r.run(box[h.name], h.name, "install-check")
+		r.retry(box[h.name], h.name, "install-check", 60*time.Second)
 	}
 	waitHolder(t, ctx, box, "pbx-a")
-	out := r.run(ctl, "ctl", "install-status", operator)
+	for _, h := range runbookHosts {
+		// doctor exits non-zero on any error: the retry gives the services
+		// the time to be ready, and a finding that stays fails the test.
+		out := r.retry(box[h.name], h.name, "install-doctor", 30*time.Second)
+		if !regexp.MustCompile(`(?m)^0 errors`).MatchString(out) {
+			t.Errorf("doctor on %s is not clean:\n%s", h.name, out)
+		}
+		t.Logf("doctor on %s: %s", h.name, lastLines(out, 1))
+	}
+	checkSecrets(t, ctx, box)
+	out = r.run(ctl, "ctl", "install-status")
 	if !strings.Contains(out, "pbx-a") {
 		t.Fatalf("install-status does not show pbx-a:\n%s", out)
 	}
 	// The status page under systemd, as the viewer: active only once it
 	// answers, and what it shows is the holder.
-	r.run(ctl, "ctl", "install-status-page")
 	page := r.retry(ctl, "ctl", "install-status-page-check", 30*time.Second)
 	if !strings.Contains(page, `"group":"pbx"`) || !strings.Contains(page, `"holder":"pbx-a"`) {
 		t.Fatalf("install-status-page-check: the page's status does not show pbx-a holding group pbx:\n%s", page)
@@ -262,9 +277,45 @@ runuser -u fan -- fan-%[1]s -check-config %[2]s`, svc, path)); err != nil {
 		t.Fatalf("the page's status without the token: %q %v, want 401", out, err)
 	}
 
+	// The first failover: Asterisk stops on the holder, pbx-b takes the
+	// address; Asterisk back, the group stays (no failback window open),
+	// and a switchover brings it back.
+	start := time.Now()
+	r.run(box["pbx-a"], "pbx-a", "stop-pbx")
+	waitHolder(t, ctx, box, "pbx-b")
+	t.Logf("runbook_first_failover_seconds=%.1f", time.Since(start).Seconds())
+	r.run(box["pbx-a"], "pbx-a", "start-pbx")
+	r.retry(ctl, "ctl", "switch-back", 60*time.Second)
+	waitHolder(t, ctx, box, "pbx-a")
+
+	// Changing the site: an operator added. Every host's NATS server
+	// reloads its users (no restart); the new operator's bundle works.
+	if _, err := ctl.Output(ctx, `sed -i 's/^  operators: \[alice\]$/  operators: [alice, bob]/' /root/site.yaml && grep -q 'alice, bob' /root/site.yaml`); err != nil {
+		t.Fatalf("adding bob to the site file: %v", err)
+	}
+	out = r.run(ctl, "ctl", "site-change")
+	if !strings.Contains(out, "hosts that need the new bundle: pbx-a pbx-b ctl") || strings.Count(out, "/etc/fan/nats/nats-server.conf") != 3 {
+		t.Fatalf("site-change: want every host's nats-server.conf changed, and only that:\n%s", out)
+	}
+	for _, h := range []string{"pbx-b", "ctl", "pbx-a"} {
+		if _, err := box[h].Output(ctx, "rm -rf /root/"+h); err != nil {
+			t.Fatal(err)
+		}
+		if err := pipeTar(ctx, ctl, box[h], "/root/fan-site/hosts", h); err != nil {
+			t.Fatal(err)
+		}
+		out := r.run(box[h], h, "site-change-host")
+		if !strings.Contains(out, "reloaded: fan-nats") || strings.Contains(out, "restarted:") {
+			t.Fatalf("site-change-host on %s: want fan-nats reloaded and nothing restarted:\n%s", h, out)
+		}
+	}
+	if out, err := ctl.Output(ctx, "fanctl --config /root/fan-site/people/bob/fanctl.yaml status"); err != nil || !strings.Contains(out, "pbx-a") {
+		t.Fatalf("bob's bundle after the reloads: %v\n%s", err, out)
+	}
+
 	// Rolling upgrade: the standby PBX host, the witness, then the holder
 	// after a switchover.
-	r.run(ctl, "ctl", "upgrade-holder", operator)
+	r.run(ctl, "ctl", "upgrade-holder")
 	upgrade := func(host, env, block, ver string) {
 		t.Helper()
 		out := r.run(box[host], host, block, env)
@@ -276,7 +327,7 @@ runuser -u fan -- fan-%[1]s -check-config %[2]s`, svc, path)); err != nil {
 	}
 	upgrade("pbx-b", newEnv, "upgrade-package", newVer)
 	upgrade("ctl", newEnv, "upgrade-package", newVer)
-	r.retry(ctl, "ctl", "upgrade-switchover", 60*time.Second, operator)
+	r.retry(ctl, "ctl", "upgrade-switchover", 60*time.Second)
 	waitHolder(t, ctx, box, "pbx-b")
 	upgrade("pbx-a", newEnv, "upgrade-package", newVer)
 
@@ -285,7 +336,7 @@ runuser -u fan -- fan-%[1]s -check-config %[2]s`, svc, path)); err != nil {
 	upgrade("ctl", oldEnv, "rollback-package", oldVer)
 	// The arbiter's restart on the witness may already have put the group
 	// back on its preferred node; the request is then refused as done.
-	r.retryAccepting(ctl, "ctl", "rollback-switchover", 60*time.Second, "pbx-a already holds group pbx", operator)
+	r.retryAccepting(ctl, "ctl", "rollback-switchover", 60*time.Second, "pbx-a already holds group pbx")
 	waitHolder(t, ctx, box, "pbx-a")
 	upgrade("pbx-b", oldEnv, "rollback-package", oldVer)
 
@@ -299,12 +350,12 @@ runuser -u fan -- fan-%[1]s -check-config %[2]s`, svc, path)); err != nil {
 		}
 		left, err := b.Output(ctx, `ls /usr/bin/fan* /lib/systemd/system/fan-* /var/lib/fan 2>/dev/null;
 find /etc/systemd/system -name 'fan-*' 2>/dev/null; systemctl list-units --all --plain --no-legend 'fan-*'
-ip -o addr show dev `+floatIface+` | grep -F '`+floatAddr+`' || true`)
+ip -o -4 addr show | grep -F ' `+runbookVIP+`/' || true`)
 		if err == nil && strings.TrimSpace(left) != "" {
 			t.Errorf("after uninstall on %s, left behind:\n%s", host, left)
 		}
 		r.run(b, host, "uninstall-forget")
-		if out, _ := b.Output(ctx, "ls -d /etc/fan 2>/dev/null; getent passwd fan"); strings.TrimSpace(out) != "" {
+		if out, _ := b.Output(ctx, "ls -d /etc/fan /etc/fan-status /etc/asterisk/manager.d/fan.conf 2>/dev/null; getent passwd fan fan-status; grep -Fs manager.d/fan.conf /etc/asterisk/manager.conf"); strings.TrimSpace(out) != "" {
 			t.Errorf("uninstall-forget on %s left: %s", host, out)
 		}
 	}
@@ -320,7 +371,7 @@ func waitHolder(t *testing.T, ctx context.Context, box map[string]*Box, host str
 	state, ok := WaitFor(ctx, 60*time.Second, func() (bool, string) {
 		var where []string
 		for _, h := range runbookHosts {
-			if has, _ := hasAddr(ctx, box[h.name]); has {
+			if holdsVIP(ctx, box[h.name]) {
 				where = append(where, h.name)
 			}
 		}
@@ -347,9 +398,11 @@ done; fan-prober --version`)
 			t.Errorf("%s: %s", host, line)
 		}
 	}
-	// The package's upstream version (0.1.1 of 0.1.1-1) is in --version.
-	upstream := strings.SplitN(strings.SplitN(debVer, "-", 2)[0], "+", 2)[0]
-	if !strings.Contains(out, "fan-prober v"+upstream) {
+	// The package's upstream version (0.2.1~dev.5.abc1234 of
+	// 0.2.1~dev.5.abc1234-1: the Makefile's version, revision 1) is what
+	// --version prints.
+	upstream := debVer[:max(strings.LastIndex(debVer, "-"), 0)]
+	if upstream == "" || !strings.Contains(out, "fan-prober "+upstream+" (commit ") {
 		t.Errorf("%s: fan-prober is not version %s:\n%s", host, upstream, out)
 	}
 }
@@ -363,9 +416,9 @@ func debVersion(t *testing.T, deb string) string {
 	return strings.TrimSpace(string(out))
 }
 
-// pipeTar copies paths (relative to /root) from one box to another.
-func pipeTar(ctx context.Context, from, to *Box, paths ...string) error {
-	src := exec.CommandContext(ctx, "docker", append([]string{"exec", "-w", "/root", from.Name, "tar", "-c"}, paths...)...)
+// pipeTar copies paths (relative to dir) from one box to another's /root.
+func pipeTar(ctx context.Context, from, to *Box, dir string, paths ...string) error {
+	src := exec.CommandContext(ctx, "docker", append([]string{"exec", "-w", dir, from.Name, "tar", "-c"}, paths...)...)
 	dst := exec.CommandContext(ctx, "docker", "exec", "-i", "-w", "/root", to.Name, "tar", "-x")
 	pipe, err := src.StdoutPipe()
 	if err != nil {
@@ -387,4 +440,45 @@ func pipeTar(ctx context.Context, from, to *Box, paths ...string) error {
 
 func indent(s string) string {
 	return "    " + strings.ReplaceAll(s, "\n", "\n    ")
+}
+
+// checkSecrets performs what a compromised status page could try: as its
+// user, read the other identities' seeds on its host and the admin's and
+// operators' bundles kept there; each must be refused, while the page's
+// own identity stays readable to it. On the PBX hosts, no identity that
+// does not run there is present at all.
+func checkSecrets(t *testing.T, ctx context.Context, box map[string]*Box) {
+	t.Helper()
+	ctl := box["ctl"]
+	if out, err := ctl.Output(ctx, "ps -o user= -C fanctl"); err != nil || strings.TrimSpace(out) != "fan-status" {
+		t.Errorf("the status page runs as %q (%v), want fan-status", strings.TrimSpace(out), err)
+	}
+	if _, err := ctl.Output(ctx, "runuser -u fan-status -- cat /etc/fan-status/viewer.nk >/dev/null"); err != nil {
+		t.Errorf("the page cannot read its own identity: %v", err)
+	}
+	for _, path := range []string{"/etc/fan/bus/arbiter.nk", "/etc/fan/bus/arbiter-system.nk", "/etc/fan/bus/scheduler-key.pem",
+		"/etc/fan/nats/server-key.pem", "/etc/fan/arbiter.yaml", "/root/fan-site/admin/admin.nk", "/root/fan-site/people/alice/operator.nk",
+		"/root/fan-site/bus/ca/ca-key.pem", "/root/fan-site/secrets/ami-pbx-a"} {
+		if out, err := ctl.Output(ctx, "runuser -u fan-status -- cat "+path); err == nil {
+			t.Errorf("the status page's user read %s (%d bytes)", path, len(out))
+		}
+	}
+	for _, h := range runbookHosts {
+		if !h.pbx {
+			continue
+		}
+		out, err := box[h.name].Output(ctx, `find / -xdev \( -name 'viewer*' -o -name 'operator*' -o -name 'admin*' -o -name 'scheduler*' -o -name 'page.token' -o -name 'ca-key.pem' \) \( -path '/etc/*' -o -path '/root/*' -o -path '/var/*' \) 2>/dev/null`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.TrimSpace(out) != "" {
+			t.Errorf("%s holds identities that do not run there:\n%s", h.name, out)
+		}
+	}
+}
+
+// holdsVIP says whether the box carries the runbook's floating address.
+func holdsVIP(ctx context.Context, b *Box) bool {
+	out, err := b.Output(ctx, "ip -o -4 addr show")
+	return err == nil && strings.Contains(out, " "+runbookVIP+"/24 ")
 }

@@ -18,7 +18,12 @@
 //     accepted TCP and answers nothing gives ErrTimeout, never a hang. Dials
 //     use TCP keepalive so a vanished host is noticed too.
 //   - Session owns one connection at a time and dials again, with backoff,
-//     after the connection ends.
+//     after the connection ends. With Config.Events it follows events: it
+//     keeps a connection up by itself, hands the events of all its
+//     connections to one bounded queue, and signals a gap (Gaps) on every
+//     new connection and every event the queue had no room for (counted,
+//     never dropped silently), so its reader knows when to read whole
+//     again what it follows.
 //   - Close releases the connection and every goroutine.
 //
 // Each error callers branch on is a sentinel (ErrAuth, ErrTimeout,
@@ -70,6 +75,16 @@ type Config struct {
 	KeepAlive time.Duration
 	// Events asks for unsolicited events (Login without "Events: off").
 	Events bool
+	// EventMask, with Events, is the Login's Events value: the classes of
+	// events wanted ("system"). Empty asks for every class the user may
+	// read.
+	EventMask string
+	// EventNames, with Events, narrows the events to these names: right
+	// after the login each connection adds a session filter per name
+	// (Action: Filter, MatchCriteria: name(<name>); Asterisk 22), so
+	// Asterisk does not even send the others. A filter Asterisk refuses
+	// is logged and the events come unfiltered.
+	EventNames []string
 	// EventBuffer is the capacity of the events channel; default 64.
 	EventBuffer int
 }

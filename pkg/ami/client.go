@@ -47,7 +47,10 @@ type Client struct {
 
 	events  chan Event
 	dropped atomic.Uint64
-	done    chan struct{} // closed when the reader has stopped
+	// sink, when set (a Session following events), receives the
+	// unsolicited events instead of events, across connections.
+	sink *eventSink
+	done chan struct{} // closed when the reader has stopped
 
 	closeOnce sync.Once
 }
@@ -68,12 +71,20 @@ type waiter struct {
 // deadline), ErrProtocol (not an AMI banner or answer), ErrClosed (the peer
 // hung up during login).
 func Dial(ctx context.Context, cfg Config, logger *slog.Logger) (*Client, error) {
+	return connect(ctx, cfg, logger, nil)
+}
+
+// connect is Dial whose client hands its events to sink when it is set.
+func connect(ctx context.Context, cfg Config, logger *slog.Logger, sink *eventSink) (*Client, error) {
 	cfg = cfg.withDefaults()
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
 	if strings.ContainsAny(cfg.Username, "\r\n") || strings.ContainsAny(cfg.Secret, "\r\n") {
 		return nil, fmt.Errorf("ami: login to %s: the username or secret holds a line break", cfg.Addr)
+	}
+	if err := validEventSelection(cfg); err != nil {
+		return nil, fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
 	}
 	d := net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: cfg.KeepAlive}
 	raw, err := d.DialContext(ctx, "tcp", cfg.Addr)
@@ -109,14 +120,54 @@ func Dial(ctx context.Context, cfg Config, logger *slog.Logger) (*Client, error)
 		idPrefix: "fan-" + hex.EncodeToString(id[:]),
 		waiters:  map[string]*waiter{},
 		events:   make(chan Event, cfg.EventBuffer),
+		sink:     sink,
 		done:     make(chan struct{}),
 	}
 	for _, m := range early {
 		c.dispatch(m)
 	}
 	go c.read(wr)
+	if cfg.Events && len(cfg.EventNames) > 0 {
+		fctx, cancel := context.WithDeadline(ctx, deadline)
+		err := c.addFilters(fctx, cfg.EventNames)
+		cancel()
+		if err != nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
+		}
+	}
 	c.log.Debug("ami logged in", "user", cfg.Username)
 	return c, nil
+}
+
+// addFilters asks Asterisk to send only the named events. A refusal (an
+// older Asterisk, or a user without system write) leaves the events
+// unfiltered: more to read, nothing lost.
+func (c *Client) addFilters(ctx context.Context, names []string) error {
+	for _, n := range names {
+		r, err := c.Action(ctx, "Filter", F("Operation", "Add"), F("MatchCriteria", "name("+n+")"))
+		if err != nil {
+			return fmt.Errorf("event filter %s: %w", n, err)
+		}
+		if !r.Success() {
+			c.log.Warn("ami event filter refused; events come unfiltered", "event", n, "message", r.Message())
+		}
+	}
+	return nil
+}
+
+// validEventSelection refuses a mask or event name that would break the
+// Login or the Filter action it is sent in.
+func validEventSelection(cfg Config) error {
+	if strings.ContainsAny(cfg.EventMask, "\r\n") {
+		return errors.New("the event mask holds a line break")
+	}
+	for _, n := range cfg.EventNames {
+		if n == "" || strings.ContainsAny(n, "\r\n(),: ") {
+			return fmt.Errorf("event name %q cannot be filtered on", n)
+		}
+	}
+	return nil
 }
 
 // login reads the banner, sends Login ("Events: off" unless events are
@@ -127,8 +178,11 @@ func login(raw net.Conn, wr *wireReader, cfg Config) ([]*message, error) {
 		return nil, err
 	}
 	fields := []Field{F("Username", cfg.Username), F("Secret", cfg.Secret)}
-	if !cfg.Events {
+	switch {
+	case !cfg.Events:
 		fields = append(fields, F("Events", "off"))
+	case cfg.EventMask != "":
+		fields = append(fields, F("Events", cfg.EventMask))
 	}
 	if _, err := raw.Write(encodeAction("Login", "", fields)); err != nil {
 		return nil, err
@@ -242,6 +296,10 @@ func (c *Client) dispatch(m *message) {
 	}
 	if !m.isEvent() {
 		c.log.Debug("ami response without ActionID dropped", "response", m.get("Response"))
+		return
+	}
+	if c.sink != nil {
+		c.sink.put(Event{msg: m}, c.log)
 		return
 	}
 	select {

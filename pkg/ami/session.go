@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -25,9 +26,27 @@ const (
 // not resent, because not every action is safe to run twice; the next call
 // uses a new connection. A timed-out action keeps the connection: a
 // deadlocked Asterisk would not answer on a new one either.
+//
+// With Config.Events the session follows events: it connects at once and
+// again after every loss, without waiting for an action, and hands the
+// events of all its connections, in the order Asterisk sent them, to one
+// queue (Events) of Config.EventBuffer events. Whatever the queue cannot
+// take, because its reader fell behind, is dropped, counted
+// (DroppedEvents) and signalled on Gaps, as is every new connection (what
+// Asterisk raised while there was none is lost): after a signal the reader
+// reads again, whole, whatever it follows. Nothing is dropped silently,
+// and answers to actions never wait for the events' reader.
 type Session struct {
 	cfg Config
 	log *slog.Logger
+
+	// sink, life and kept are set when the session follows events: the
+	// queue, the life of the goroutine that keeps a connection up, and its
+	// end.
+	sink    *eventSink
+	life    context.Context
+	endLife context.CancelFunc
+	kept    chan struct{}
 
 	// dialing is a one-slot semaphore (waitable with ctx, unlike a mutex):
 	// one caller at a time checks and replaces the connection. The backoff
@@ -48,7 +67,105 @@ func NewSession(cfg Config, logger *slog.Logger) *Session {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &Session{cfg: cfg.withDefaults(), log: logger, dialing: make(chan struct{}, 1)}
+	s := &Session{cfg: cfg.withDefaults(), log: logger, dialing: make(chan struct{}, 1)}
+	if s.cfg.Events {
+		s.sink = newEventSink(s.cfg.EventBuffer)
+		s.life, s.endLife = context.WithCancel(context.Background())
+		s.kept = make(chan struct{})
+		go s.keep()
+	}
+	return s
+}
+
+// Events is the queue of the events of every connection (Config.Events;
+// nil otherwise). It is never closed: read it until you stop.
+func (s *Session) Events() <-chan Event {
+	if s.sink == nil {
+		return nil
+	}
+	return s.sink.ch
+}
+
+// Gaps receives a signal whenever events may be missing: after each new
+// connection and after events were dropped. One waiting signal stands for
+// every gap since the last one was taken. Nil without Config.Events.
+func (s *Session) Gaps() <-chan struct{} {
+	if s.sink == nil {
+		return nil
+	}
+	return s.sink.gaps
+}
+
+// DroppedEvents counts the events dropped because Events was full.
+func (s *Session) DroppedEvents() uint64 {
+	if s.sink == nil {
+		return 0
+	}
+	return s.sink.dropped.Load()
+}
+
+// keep holds a connection open while the session follows events, dialing
+// again (with backoff) after every loss, and signals a gap on each.
+func (s *Session) keep() {
+	defer close(s.kept)
+	failures := 0
+	for {
+		c, err := s.client(s.life)
+		if err != nil {
+			if s.life.Err() != nil {
+				return
+			}
+			// A refused login returns at once: wait before the next one.
+			failures++
+			t := time.NewTimer(Backoff(failures))
+			select {
+			case <-t.C:
+			case <-s.life.Done():
+				t.Stop()
+				return
+			}
+			continue
+		}
+		failures = 0
+		s.sink.gap()
+		select {
+		case <-c.Done():
+		case <-s.life.Done():
+			return
+		}
+	}
+}
+
+// eventSink is a following session's queue of events and its gap signal.
+type eventSink struct {
+	ch      chan Event
+	gaps    chan struct{}
+	dropped atomic.Uint64
+}
+
+func newEventSink(size int) *eventSink {
+	return &eventSink{ch: make(chan Event, size), gaps: make(chan struct{}, 1)}
+}
+
+// put queues an event without ever waiting: a full queue drops it, counts
+// it and signals a gap (the reader reads again what it follows).
+func (k *eventSink) put(ev Event, log *slog.Logger) {
+	select {
+	case k.ch <- ev:
+	default:
+		if n := k.dropped.Add(1); n&(n-1) == 0 {
+			// 1, 2, 4, 8, ...: a burst is told, not every event of it.
+			log.Warn("ami event queue full, events dropped; a gap is signalled", "dropped", n, "capacity", cap(k.ch))
+		}
+		k.gap()
+	}
+}
+
+func (k *eventSink) gap() {
+	select {
+	case k.gaps <- struct{}{}:
+	default:
+	}
 }
 
 // Action runs an action on the current connection, dialing first if there
@@ -111,7 +228,7 @@ func (s *Session) client(ctx context.Context) (*Client, error) {
 				return nil, ctxError(ctx, "connect to "+s.cfg.Addr)
 			}
 		}
-		c, err := Dial(ctx, s.cfg, s.log)
+		c, err := connect(ctx, s.cfg, s.log, s.sink)
 		if err == nil {
 			s.mu.Lock()
 			defer s.mu.Unlock()
@@ -148,13 +265,18 @@ func Backoff(failures int) time.Duration {
 	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
 }
 
-// Close ends the current connection; later actions fail with ErrClosed.
+// Close ends the current connection (and, when following events, the
+// goroutine that keeps one up); later actions fail with ErrClosed.
 func (s *Session) Close() error {
 	s.mu.Lock()
 	s.closed = true
 	c := s.cur
 	s.cur = nil
 	s.mu.Unlock()
+	if s.endLife != nil {
+		s.endLife()
+		<-s.kept
+	}
 	if c != nil {
 		return c.Close()
 	}

@@ -29,9 +29,13 @@ func TestPayloadBounds(t *testing.T) {
 		"heartbeat mem available>total": hb(func(h *NodeHeartbeat) {
 			h.MemAvailableBytes, h.MemTotalBytes = 2, 1
 		}),
-		"heartbeat channels 2^40":  hb(func(h *NodeHeartbeat) { h.ActiveChannels = &huge }),
-		"heartbeat version 1k":     hb(func(h *NodeHeartbeat) { h.Version = strings.Repeat("v", 1000) }),
-		"heartbeat negative load":  hb(func(h *NodeHeartbeat) { h.Load1 = -1 }),
+		"heartbeat channels 2^40": hb(func(h *NodeHeartbeat) { h.ActiveChannels = &huge }),
+		"heartbeat version 1k":    hb(func(h *NodeHeartbeat) { h.Version = strings.Repeat("v", 1000) }),
+		"heartbeat negative load": hb(func(h *NodeHeartbeat) { h.Load1 = -1 }),
+		"heartbeat pbx_system_name 1k": hb(func(h *NodeHeartbeat) {
+			s := strings.Repeat("s", 1000)
+			h.PBXSystemName = &s
+		}),
 		"transition rise 10^6":     HealthTransition{Check: "c", TargetNode: "n", Role: RoleSelf, From: HealthUp, To: HealthDown, Rise: 1e6, Fall: 1, Evidence: []Evidence{{At: at}}},
 		"transition reason 2k":     HealthTransition{Check: "c", TargetNode: "n", Role: RoleSelf, From: HealthUp, To: HealthDown, Rise: 1, Fall: 1, Reason: long, Evidence: []Evidence{{At: at}}},
 		"probe duration -1":        ProbeResult{Check: "c", TargetNode: "n", Kind: "tcp", Role: RoleSelf, OK: true, DurationMS: -1, At: at},

@@ -14,6 +14,8 @@
 //	fan.cmd.<cluster>.<node>.<verb>              commands to one node's executor
 //	fan.lease.<cluster>.<name>                   leadership leases (fencing, same stream as commands)
 //	fan.live.<cluster>.<node>                    presence beacons (core NATS only, never stored)
+//	fan.repl.<cluster>.<node>.astdb              a holder's AstDB changes as they happen (core NATS only)
+//	fan.repl.<cluster>.<node>.resync             requests to a holder for an AstDB reconcile (core NATS request-reply)
 //	fan.req.<cluster>.arbiter.operate.<operator> one operator's requests to the arbiter (core NATS request-reply)
 //
 // Identity comes from the subject. The bus's permissions let each identity

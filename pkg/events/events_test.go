@@ -18,6 +18,7 @@ var (
 	goldenTime = time.Date(2026, 11, 30, 2, 30, 0, 0, time.UTC)
 	goldenSrc  = Source{Service: "arbiter", Node: "ctl1"}
 	intp       = func(v int) *int { return &v }
+	strp       = func(v string) *string { return &v }
 )
 
 // sampleSet holds one valid payload of every type; TestGoldenCoversEveryType
@@ -42,7 +43,8 @@ func init() {
 			Evidence: []Evidence{{At: goldenTime, OK: false, DurationMS: 200, Error: "timeout", ErrorClass: ErrorTimeout}}},
 		TypeNodeHeartbeat: NodeHeartbeat{Node: "n1", Seq: 42, IntervalMS: 2000, CPUPercent: 3.5, MemAvailableBytes: 1 << 30,
 			MemTotalBytes: 4 << 30, Load1: 0.25, UptimeSeconds: 3600, ActiveChannels: intp(2), ActiveCalls: intp(1), Version: "0.1.0",
-			Checks: map[string]CheckState{"pbx": {TargetNode: "n1", Role: RoleSelf, Health: HealthUp, Since: goldenTime}}},
+			Checks:        map[string]CheckState{"pbx": {TargetNode: "n1", Role: RoleSelf, Health: HealthUp, Since: goldenTime}},
+			PBXSystemName: strp("pbx")},
 		TypeArbiterDecision: ArbiterDecision{Group: "pbx", Action: ActionFailover, From: "n1", To: "n2",
 			Reason: "holder n1 down (pbx), n2 healthy", CausedBy: []string{"0193a1b2-0000-7000-8000-000000000001"},
 			Commands: []string{"0193a1b2-0000-7000-8000-000000000002"},

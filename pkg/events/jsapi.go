@@ -72,3 +72,24 @@ func LedStreams() []string {
 	return []string{CommandsStream, EventsStream, LiveStream, KVStreamName(StateBucket),
 		ObjectStreamName(ReplBlobBucket), ObjectStreamName(ReplManifestBucket)}
 }
+
+// JSServerPingVarz asks every server for its general report (which says,
+// among the rest, when its TLS certificates expire); system account only.
+const JSServerPingVarz = "$SYS.REQ.SERVER.PING.VARZ"
+
+// JSStreamSnapshotSubject asks a stream's leader for a snapshot of the
+// stream (its messages with their sequences, times and headers), sent in
+// chunks to a subject of the asker's; fanctl backup uses it.
+func JSStreamSnapshotSubject(stream string) string {
+	return jsAPIPrefix + ".STREAM.SNAPSHOT." + stream
+}
+
+// JSStreamRestoreSubject asks the cluster to create a stream from a
+// snapshot (fanctl restore); it is refused while the stream exists.
+func JSStreamRestoreSubject(stream string) string {
+	return jsAPIPrefix + ".STREAM.RESTORE." + stream
+}
+
+// JSSnapshotSubjects are where a snapshot's chunks are acknowledged and a
+// restore's chunks are sent: the admin needs them besides the API calls.
+const JSSnapshotSubjects = "$JS.SNAPSHOT.>"

@@ -210,6 +210,13 @@ type NodeHeartbeat struct {
 	ActiveCalls       *int                  `json:"active_calls,omitempty"`
 	Version           string                `json:"version"`
 	Checks            map[string]CheckState `json:"checks,omitempty"`
+	// PBXSystemName is the node's Asterisk systemname (asterisk.conf; AMI
+	// CoreSettings' SystemName) as the prober last read it, "" when
+	// Asterisk has none; absent while the prober has not read it (no AMI
+	// check, no right to ask, an older prober). Every PBX node of a group
+	// must have the same: registrations carried between nodes name it
+	// (fanctl doctor compares them).
+	PBXSystemName *string `json:"pbx_system_name,omitempty"`
 }
 
 func (NodeHeartbeat) EventType() Type    { return TypeNodeHeartbeat }
@@ -237,6 +244,11 @@ func (h NodeHeartbeat) Validate() error {
 		listIn("checks", len(h.Checks), MaxListLen),
 	); err != nil {
 		return err
+	}
+	if h.PBXSystemName != nil {
+		if err := textIn("pbx_system_name", *h.PBXSystemName, MaxShortLen); err != nil {
+			return err
+		}
 	}
 	if h.MemTotalBytes > 0 && h.MemAvailableBytes > h.MemTotalBytes {
 		return fmt.Errorf("%w: mem_available_bytes %d above mem_total_bytes %d", ErrInvalidField, h.MemAvailableBytes, h.MemTotalBytes)

@@ -52,7 +52,9 @@ const (
 	RoleViewer BusRole = "viewer"
 	// RoleAdmin provisions streams and buckets at install; it alone has
 	// create rights, and even it cannot purge, delete or reconfigure the
-	// audit stream.
+	// audit stream. It backs the audit stream up and restores it into a
+	// bus that lost it (fanctl backup, restore: a snapshot; a restore
+	// creates the stream, which it may do anyway).
 	RoleAdmin BusRole = "admin"
 )
 
@@ -151,6 +153,7 @@ var publishers = map[Type][]publisher{
 	TypeReplicationApplied:  {{RoleReplicator, scopeOwnNode, perNode(ReplicationAppliedSubject)}},
 	TypeReplicationAlarm:    {{RoleReplicator, scopeOwnNode, perNode(ReplicationAlarmSubject)}},
 	TypeReplicationConflict: {{RoleReplicator, scopeOwnNode, perNode(ReplicationConflictSubject)}},
+	TypeReplicationHeld:     {{RoleReplicator, scopeOwnNode, perNode(ReplicationHeldSubject)}},
 	TypeNodePresence:        {{RoleArbiter, scopeCluster, perCluster(PresenceSubject)}},
 	TypeAddressConflict:     {{RoleIPMover, scopeExecuted, perNode(AddressConflictSubject)}},
 	TypeAddressCorrection:   {{RoleIPMover, scopeExecuted, perNode(AddressCorrectionSubject)}},
@@ -362,6 +365,11 @@ func (id Identity) Permissions() (Permissions, error) {
 		// can read the same contents from the blob bucket anyway.
 		sub(ContentSubject(cl, id.Name))
 		pub(ContentSubject(cl, "*"))
+		// AstDB changes as they happen (astdb.go): each publishes its own
+		// node's and hears every node's; reconciles are asked of any node
+		// and answered on its own subject.
+		pub(AstDBDeltaSubject(cl, id.Name), AstDBResyncSubject(cl, "*"))
+		sub(AllAstDBDeltas(cl), AstDBResyncSubject(cl, id.Name))
 	case RoleScheduler:
 		pub(streamRead(EventsStream)...)
 		pub(streamRead(kvStream(StateBucket))...)
@@ -386,7 +394,7 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(streamRead(LiveStream)...)
 		pub(streamRead(kvStream(StateBucket))...)
 	case RoleAdmin:
-		pub(jsAPI+".>", "$KV.>", "$O.>", jsFC+".>")
+		pub(jsAPI+".>", "$KV.>", "$O.>", jsFC+".>", JSSnapshotSubjects)
 		p.Publish.Deny = append(p.Publish.Deny, auditProtected()...)
 	}
 	// Nobody but the admin calls the JetStream API beyond the above; the

@@ -3,6 +3,7 @@ package fanctl
 import (
 	"flag"
 	"fmt"
+	"path/filepath"
 
 	"github.com/fanpbx/fan/cmd/internal/statuspage"
 	"github.com/fanpbx/fan/pkg/events"
@@ -41,6 +42,14 @@ func applyConfig(fs *flag.FlagSet, path string, cfg *bus.Config, cluster, operat
 	if c.Operator != "" {
 		if err := events.ValidToken("operator", c.Operator); err != nil {
 			return c, fmt.Errorf("fanctl config %s: %w", path, err)
+		}
+	}
+	// A bundle's files are named relative to its fanctl.yaml, so the bundle
+	// works wherever its owner keeps it.
+	dir := filepath.Dir(path)
+	for _, p := range []*string{&c.Creds, &c.NKeySeed, &c.TLS.CA, &c.TLS.Cert, &c.TLS.Key, &c.Serve.TokenFile} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
 		}
 	}
 	set := map[string]bool{}

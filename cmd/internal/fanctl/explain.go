@@ -1,9 +1,7 @@
 package fanctl
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -14,30 +12,33 @@ import (
 
 	"github.com/fanpbx/fan/cmd/internal/view"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
 )
 
-func runExplain(ctx context.Context, args []string, cluster string, connect connector, stdout, stderr io.Writer) error {
+func runExplain(inv *invocation, args []string) error {
+	stdout := inv.stdout
 	fs := flag.NewFlagSet("explain", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	lookback := fs.Duration("lookback", 24*time.Hour, "how far before the event to look for its causes")
 	asJSON := fs.Bool("json", false, "print the chain as JSON: each link's depth and event envelope")
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
 		return err
 	}
-	if len(pos) != 1 {
-		return errors.New("usage: fanctl explain EVENT_ID [--lookback 24h] [--json]")
+	if err := wantArgs(pos, "EVENT_ID"); err != nil {
+		return err
 	}
 	id := pos[0]
 	if _, err := view.IDTime(id); err != nil {
-		return err
+		return usagef("EVENT_ID: %v", err)
 	}
-	b, err := connect()
+	// The trail: the audit stream, and the live stream for the heartbeats
+	// a decision cites.
+	b, err := inv.connect(bus.EventsStream, bus.LiveStream)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	chain, err := view.Explain(ctx, b, cluster, id, *lookback)
+	chain, err := view.Explain(inv.bounded, b, inv.cluster, id, *lookback)
 	if err != nil {
 		return err
 	}
@@ -83,26 +84,26 @@ func printChain(w io.Writer, chain []view.Link) error {
 	return nil
 }
 
-func runWindows(ctx context.Context, args []string, cluster string, connect connector, stdout, stderr io.Writer) error {
+func runWindows(inv *invocation, args []string) error {
+	stdout := inv.stdout
 	fs := flag.NewFlagSet("windows", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print the raw plan")
+	asJSON := fs.Bool("json", false, "print the raw plans as a JSON array ([] when none is published)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	plans, err := readRecords[events.SchedulePlan](ctx, connect, view.ScheduleFilter(cluster))
+	plans, err := readRecords[events.SchedulePlan](inv, view.ScheduleFilter(inv.cluster))
 	if err != nil {
 		return err
-	}
-	if len(plans) == 0 {
-		fmt.Fprintln(stdout, "no failback windows published: no scheduler is running, so nothing fails back automatically")
-		return nil
 	}
 	sort.Slice(plans, func(i, j int) bool { return plans[i].Cluster < plans[j].Cluster })
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(plans)
+	}
+	if len(plans) == 0 {
+		fmt.Fprintln(stdout, "no failback windows published: no scheduler is running, so nothing fails back automatically")
+		return nil
 	}
 	return PrintWindows(stdout, plans, time.Now())
 }

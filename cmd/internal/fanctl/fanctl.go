@@ -17,6 +17,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -26,71 +27,20 @@ import (
 	"github.com/fanpbx/fan/cmd/internal/view"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/nats-io/nats.go"
 )
 
-const usage = `usage: fanctl [flags] <command> [command flags]
-(flags may come before or after the command)
-
-commands:
-  events       print the audit trail (--since 1h, --follow, --json, --type T; --live: heartbeats and probe results)
-  status       who holds each group's addresses, and each node's health (--json)
-  explain ID   the causal chain of an event, back to the probe results (--json)
-  windows      the failback windows the scheduler will permit next (--json)
-  replay --arbiter-config FILE [--since 24h] [--until T]
-               replay the arbiter's decisions through its decision core and
-               compare each with the one recorded (exit 4 on a difference)
-  serve        the live status page (--listen, --path-prefix, --token-file; the serve: section
-               of --config; cmd/README.md)
-  help [CMD]   this text, or a command's flags
-  version      fanctl's version (also --version)
-  completion bash|zsh   a shell completion script (source <(fanctl completion bash))
-
-operator actions (need --cluster and --operator, or a --config naming both;
-each is recorded as the operator whose credentials sent it; --as adds a comment;
---json prints the arbiter's answer as JSON):
-  switchover --to NODE [--group G] [--reason TEXT] [--within D] [--force-after | --now]
-  switchover --cancel [--group G]                  (the planned switchover still waiting)
-  failback --now --reason TEXT [--group G]
-  maintenance on|off [--group G] [--reason TEXT]   (no --group: the whole cluster)
-  node standby NODE [--reason TEXT] [--within D] [--force-after | --now]
-  node active NODE [--reason TEXT]                 (also cancels a standby's waiting moves)
-  a switchover or standby waits until the holder's calls have ended (at most the group's
-  drain limit of active channels), up to --within (the group's planned.drain_within, 30m by
-  default), then gives up, or with --force-after moves anyway; --now moves at once
-
-install (deploy/systemd/README.md):
-  nats-config --cluster-file F --out DIR [--renew]   CA, certificates, nkeys, nats-server configs, bundles
-  provision [--replicas 3]   create fan's streams, bucket and object stores (the admin identity)
-
-exit status: 0 done, 1 failed, 2 usage error, 3 the arbiter refused the action
-
-flags:
-`
-
-// commands lists every command, for help and shell completion.
+// commands lists every command fanctl dispatches, in the order help lists
+// them; each has a case in dispatch and a commandSpec (help.go).
 var commands = []string{"events", "status", "explain", "windows", "replay", "serve", "switchover", "failback", "maintenance", "node",
-	"nats-config", "provision", "help", "version", "completion"}
-
-// errReported marks an error already shown to the user (the flag package
-// prints a bad flag and the usage itself), so Main does not print it again.
-var errReported = errors.New("reported")
-
-// parseFlags parses a command's flags.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errReported, err)
-	}
-	return nil
-}
+	"nats-config", "provision", "init", "install-host", "doctor", "backup", "restore", "help", "version", "completion"}
 
 // hoistGlobalFlags moves fanctl's own flags to the front wherever they
 // appear, so `fanctl status --url U` means what `fanctl --url U status`
 // does. A command's own flags and arguments keep their order; `--` ends
-// the search.
-func hoistGlobalFlags(fs *flag.FlagSet, args []string) []string {
+// the search. A global flag missing its value is an error naming it (the
+// flag package would take the command for the value).
+func hoistGlobalFlags(fs *flag.FlagSet, args []string) ([]string, error) {
 	var global, rest []string
 	for i := 0; i < len(args); i++ {
 		a := args[i]
@@ -108,12 +58,15 @@ func hoistGlobalFlags(fs *flag.FlagSet, args []string) []string {
 			continue
 		}
 		global = append(global, a)
-		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) && i+1 < len(args) {
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); !hasValue && !(ok && b.IsBoolFlag()) {
+			if i+1 >= len(args) || (strings.HasPrefix(args[i+1], "--") && len(args[i+1]) > 2) {
+				return nil, usagef("flag needs a value: --%s", name)
+			}
 			i++
 			global = append(global, args[i])
 		}
 	}
-	return append(global, rest...)
+	return append(global, rest...), nil
 }
 
 // Commit is the commit a release binary was built from; the Makefile sets it
@@ -132,8 +85,10 @@ func VersionLine(version string) string {
 // Main runs fanctl and returns its exit code.
 func Main(args []string, stdout, stderr io.Writer, version string) int {
 	fs := flag.NewFlagSet("fanctl", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() { fmt.Fprint(fs.Output(), usage); fs.PrintDefaults() }
+	// The flag package prints nothing: a bad flag is one line (below), -h
+	// the help on standard output.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	var cfg bus.Config
 	fs.StringVar(&cfg.URL, "url", envOr("NATS_URL", "nats://127.0.0.1:4222"), "NATS server URL(s)")
 	fs.StringVar(&cfg.Creds, "creds", os.Getenv("NATS_CREDS"), "credentials file")
@@ -146,120 +101,216 @@ func Main(args []string, stdout, stderr io.Writer, version string) int {
 	cluster := fs.String("cluster", os.Getenv("FAN_CLUSTER"), "cluster name (default: all clusters)")
 	operator := fs.String("operator", os.Getenv("FAN_OPERATOR"), "the operator whose credentials these are (operator actions are sent as, and recorded as, this operator)")
 	cfgPath := fs.String("config", os.Getenv("FANCTL_CONFIG"), "configuration file (url, creds, nkey_seed, tls, cluster, operator); the command line overrides it")
-	timeout := fs.Duration("timeout", 10*time.Second, "how long to wait for the bus")
+	timeout := fs.Duration("timeout", 10*time.Second, "how long a command may take to reach the bus and read what it needs (not events --follow, serve)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(hoistGlobalFlags(fs, args)); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
+	usageLine := func(cmd string, err error) int {
+		if cmd == "" {
+			fmt.Fprintf(stderr, "fanctl: %v (fanctl help)\n", err)
+		} else {
+			fmt.Fprintf(stderr, "fanctl: %s: %v (fanctl help %s)\n", cmd, err, cmd)
 		}
 		return 2
+	}
+	hoisted, err := hoistGlobalFlags(fs, args)
+	if err == nil {
+		err = fs.Parse(hoisted)
+	}
+	if errors.Is(err, flag.ErrHelp) {
+		printUsage(stdout, fs)
+		return 0
+	}
+	if err != nil {
+		return usageLine("", err)
 	}
 	if *showVersion {
 		fmt.Fprintln(stdout, VersionLine(version))
 		return 0
 	}
+	if fs.NArg() == 0 {
+		return usageLine("", errors.New("no command given"))
+	}
+	cmd, rest := fs.Arg(0), fs.Args()[1:]
+	if !isCommand(cmd) && cmd != completeCommand {
+		msg := fmt.Sprintf("unknown command %q", cmd)
+		if n, ok := closeTo(cmd, commands); ok {
+			msg += fmt.Sprintf(": did you mean %s?", n)
+		}
+		return usageLine("", errors.New(msg))
+	}
+	if wantsHelp(rest) {
+		printCommandHelp(stdout, cmd)
+		return 0
+	}
+	switch cmd {
+	case "help":
+		switch {
+		case len(rest) == 0:
+			printUsage(stdout, fs)
+		case len(rest) > 1:
+			return usageLine(cmd, fmt.Errorf("unexpected argument %q", rest[1]))
+		case !isCommand(rest[0]):
+			return usageLine(cmd, fmt.Errorf("unknown command %q: %s", rest[0], unknownName(rest[0], commands)))
+		default:
+			printCommandHelp(stdout, rest[0])
+		}
+		return 0
+	case "version":
+		if len(rest) > 0 {
+			return usageLine(cmd, fmt.Errorf("unexpected argument %q", rest[0]))
+		}
+		fmt.Fprintln(stdout, VersionLine(version))
+		return 0
+	case "completion":
+		if err := runCompletion(rest, fs, stdout); err != nil {
+			return usageLine(cmd, err)
+		}
+		return 0
+	}
 	var file Config
-	if *cfgPath != "" {
+	// The install commands work on local files only: a FANCTL_CONFIG naming
+	// a bundle that does not exist yet (before init made it) is no error.
+	local := cmd == "init" || cmd == "install-host" || cmd == "nats-config" || cmd == "doctor"
+	if *cfgPath != "" && !local {
 		var err error
 		if file, err = applyConfig(fs, *cfgPath, &cfg, cluster, operator); err != nil {
 			fmt.Fprintln(stderr, "fanctl:", err)
 			return 2
 		}
 	}
-	if fs.NArg() == 0 {
-		fs.Usage()
-		return 2
-	}
-	switch fs.Arg(0) {
-	case "help":
-		// Asked for: to stdout, exit 0.
-		fs.SetOutput(stdout)
-		if fs.NArg() < 2 {
-			fs.Usage()
-			return 0
-		}
-		args := append(fs.Args()[1:2:2], "-h")
-		return Main(args, stdout, stdout, version)
-	case "version":
-		fmt.Fprintln(stdout, VersionLine(version))
-		return 0
-	case "completion":
-		if err := runCompletion(fs.Args()[1:], fs, stdout); err != nil {
-			fmt.Fprintln(stderr, "fanctl:", err)
-			return 2
-		}
-		return 0
-	}
 	if *cluster != "" {
 		if err := events.ValidToken("cluster", *cluster); err != nil {
-			fmt.Fprintln(stderr, "fanctl:", err)
-			return 2
+			return usageLine("", fmt.Errorf("--cluster: %w", err))
 		}
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// --timeout bounds the whole command from here: the connection and
+	// every read (commands that wait longer on purpose use ctx).
+	bounded, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	connect := func() (*bus.Bus, error) {
-		cctx, cancel := context.WithTimeout(ctx, *timeout)
-		defer cancel()
+	connect := func(needs ...string) (*bus.Bus, error) {
 		host, _ := os.Hostname()
-		node := sanitizeToken(host)
 		cfg.ConnectOnce = true
-		b, err := bus.Connect(cctx, cfg, bus.Identity{Cluster: *cluster, Service: "fanctl", Node: node, Version: version}, log)
+		b, err := bus.Connect(bounded, cfg, bus.Identity{Cluster: *cluster, Service: "fanctl", Node: sanitizeToken(host), Version: version}, log)
 		if err != nil {
-			return nil, withDialErrors(cctx, cfg.URL, err)
+			return nil, withDialErrors(bounded, cfg.URL, err)
+		}
+		if err := requireProvisioned(bounded, b, needs...); err != nil {
+			b.Close()
+			return nil, err
 		}
 		return b, nil
 	}
-	var err error
-	switch cmd, rest := fs.Arg(0), fs.Args()[1:]; cmd {
-	case "events":
-		err = runEvents(ctx, rest, *cluster, connect, stdout, stderr)
-	case "status":
-		err = runStatus(ctx, rest, *cluster, connect, stdout, stderr)
-	case "explain":
-		err = runExplain(ctx, rest, *cluster, connect, stdout, stderr)
-	case "windows":
-		err = runWindows(ctx, rest, *cluster, connect, stdout, stderr)
-	case "replay":
-		err = runReplay(ctx, rest, *cluster, connect, stdout, stderr)
-	case "switchover", "failback", "maintenance", "node":
-		err = runOperate(ctx, cmd, rest, *cluster, *operator, connect, stdout, stderr)
-	case "serve":
-		err = runServe(ctx, rest, *cluster, file.Serve, cfg, version, stdout, stderr)
-	case "nats-config":
-		err = runNATSConfig(rest, stdout, stderr)
-	case "provision":
-		err = runProvision(ctx, rest, &cfg, connect, stdout, stderr)
-	default:
-		fmt.Fprintf(stderr, "fanctl: unknown command %q (fanctl help lists them)\n", cmd)
-		return 2
-	}
-	if errors.Is(err, flag.ErrHelp) {
+	inv := &invocation{ctx: ctx, bounded: bounded, cluster: *cluster, operator: *operator, cfg: &cfg, file: file,
+		connect: connect, version: version, stdout: stdout, stderr: stderr}
+	err = dispatch(inv, cmd, rest)
+	var usage *usageError
+	switch {
+	case err == nil:
 		return 0
-	}
-	if errors.Is(err, errReported) {
+	case errors.Is(err, flag.ErrHelp):
+		printCommandHelp(stdout, cmd)
+		return 0
+	case errors.As(err, &usage):
+		return usageLine(cmd, err)
+	case errors.Is(err, errReported):
+		// Shown already, or wrapped with what to say.
+		if msg := strings.TrimPrefix(err.Error(), errReported.Error()+": "); err != errReported {
+			return usageLine(cmd, errors.New(msg))
+		}
 		return 2
-	}
-	if errors.Is(err, errRefused) {
+	case errors.Is(err, errRefused):
 		return 3
-	}
-	if errors.Is(err, errDiffers) {
+	case errors.Is(err, errDiffers):
 		fmt.Fprintln(stderr, "fanctl:", err)
 		return 4
 	}
-	if err != nil {
-		fmt.Fprintln(stderr, "fanctl:", err)
-		return 1
+	if !inv.ownWait && ctx.Err() == nil && bounded.Err() != nil && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout)) {
+		err = fmt.Errorf("%w (gave up after --timeout %v, which bounds the connection and every read; a longer read needs a longer --timeout)", err, *timeout)
 	}
-	return 0
+	fmt.Fprintln(stderr, "fanctl:", err)
+	return 1
 }
 
-type connector func() (*bus.Bus, error)
+// invocation is what Main hands a command: the global settings, parsed.
+type invocation struct {
+	// ctx ends on SIGINT or SIGTERM; bounded also --timeout after the
+	// start. A command reads the bus under bounded, and uses ctx only for
+	// what waits longer on purpose (events --follow, serve, an action's
+	// --wait, provision's --wait).
+	ctx, bounded context.Context
+	cluster      string
+	operator     string
+	cfg          *bus.Config
+	file         Config
+	// connect connects within --timeout and checks that the streams and
+	// the bucket named exist (bus.EventsStream, bus.LiveStream,
+	// bus.StateBucket), so that a bus nobody provisioned fails at once
+	// with what to do, instead of a read waiting for a stream.
+	connect        connector
+	version        string
+	stdout, stderr io.Writer
+	// ownWait is set once the command waits under a bound of its own
+	// (waitOnItsOwn): a deadline then is not --timeout's.
+	ownWait bool
+}
 
-func runEvents(ctx context.Context, args []string, cluster string, connect connector, stdout, stderr io.Writer) error {
+// waitOnItsOwn marks the start of what a command waits for under its own
+// bound rather than --timeout (an action's --wait, events --follow).
+func (inv *invocation) waitOnItsOwn() { inv.ownWait = true }
+
+// dispatch runs cmd. Every command parses its flags first (parseFlags,
+// parseInterspersed): help and completion call it with -h alone to learn
+// them (describe).
+func dispatch(inv *invocation, cmd string, rest []string) error {
+	ctx, connect, stdout, stderr := inv.ctx, inv.connect, inv.stdout, inv.stderr
+	switch cmd {
+	case "serve", "init", "install-host", "doctor", "backup", "restore":
+		// These bound what they wait for themselves (serve: nothing).
+		inv.waitOnItsOwn()
+	}
+	switch cmd {
+	case "events":
+		return runEvents(inv, rest)
+	case "status":
+		return runStatus(inv, rest)
+	case "explain":
+		return runExplain(inv, rest)
+	case "windows":
+		return runWindows(inv, rest)
+	case "replay":
+		return runReplay(inv, rest)
+	case "switchover", "failback", "maintenance", "node":
+		return runOperate(inv, cmd, rest)
+	case "serve":
+		return runServe(inv, rest)
+	case "nats-config":
+		return runNATSConfig(rest, stdout, stderr)
+	case "provision":
+		return runProvision(inv, rest)
+	case "init":
+		return runInit(rest, stdout, stderr)
+	case "install-host":
+		return runInstallHost(ctx, rest, stdout, stderr)
+	case "doctor":
+		return runDoctor(ctx, rest, stdout, stderr)
+	case "backup":
+		return runBackup(ctx, rest, connect, stdout, stderr)
+	case "restore":
+		return runRestore(ctx, rest, connect, stdout, stderr)
+	case completeCommand:
+		return runComplete(inv, rest)
+	}
+	return usagef("unknown command %q", cmd)
+}
+
+// connector connects to the bus; see invocation.connect.
+type connector func(needs ...string) (*bus.Bus, error)
+
+func runEvents(inv *invocation, args []string) error {
+	cluster, stdout, stderr := inv.cluster, inv.stdout, inv.stderr
 	fs := flag.NewFlagSet("events", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	since := fs.String("since", "1h", "start this long ago (10m) or at a time (RFC 3339); 'all' for everything")
 	follow := fs.Bool("follow", false, "keep printing new events")
 	asJSON := fs.Bool("json", false, "one JSON envelope per line")
@@ -268,12 +319,19 @@ func runEvents(ctx context.Context, args []string, cluster string, connect conne
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	if *typ != "" {
+		if err := checkType(*typ, *live); err != nil {
+			return err
+		}
+	}
 	// The audit stream holds the events and a copy of every command.
 	opts := bus.WatchOptions{Subjects: []string{events.AllEvents(), events.AllCommands()}}
 	if cluster != "" {
 		opts.Subjects = []string{events.ClusterEvents(cluster), events.ClusterCommands(cluster)}
 	}
+	stream := bus.EventsStream
 	if *live {
+		stream = bus.LiveStream
 		opts.Subjects = []string{events.AllLiveState()}
 		if cluster != "" {
 			opts.Subjects = []string{events.ClusterLiveState(cluster)}
@@ -289,15 +347,21 @@ func runEvents(ctx context.Context, args []string, cluster string, connect conne
 		}
 		opts.Since = t
 	}
-	b, err := connect()
+	b, err := inv.connect(stream)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
 
-	// Without --follow, stop at the end of the trail as it is now.
+	// Without --follow, read to the end of the trail as it is now, within
+	// --timeout; with it, keep printing until interrupted.
 	opts.ToEnd = !*follow
-	wctx, cancel := context.WithCancel(ctx)
+	parent := inv.bounded
+	if *follow {
+		parent = inv.ctx
+		inv.waitOnItsOwn()
+	}
+	wctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	var (
 		mu       sync.Mutex
@@ -313,8 +377,10 @@ func runEvents(ctx context.Context, args []string, cluster string, connect conne
 			}
 		}
 	}
-	if err := b.Watch(wctx, opts, handler); err != nil && ctx.Err() == nil {
-		return err
+	err = b.Watch(wctx, opts, handler)
+	if inv.ctx.Err() != nil {
+		// Interrupted: what was printed stands.
+		err = nil
 	}
 	// An auditor must know the trail holds messages no service acted on.
 	if n := b.RefusedCount(events.RefusedSubject) + b.RefusedCount(events.RefusedUndecodable); n > 0 {
@@ -322,7 +388,26 @@ func runEvents(ctx context.Context, args []string, cluster string, connect conne
 	}
 	mu.Lock()
 	defer mu.Unlock()
-	return printErr
+	if printErr != nil {
+		return printErr
+	}
+	return err
+}
+
+// checkType refuses an event type pkg/events does not define, naming the
+// nearest one, and a type the stream read does not keep.
+func checkType(t string, live bool) error {
+	types := eventTypes()
+	if !slices.Contains(types, t) {
+		return usagef("--type %q: no such event type; did you mean %s?", t, nearest(t, types))
+	}
+	switch isLive := events.IsLive(events.Type(t)); {
+	case isLive && !live:
+		return usagef("--type %s: kept in the live stream, not the audit trail: add --live", t)
+	case !isLive && live:
+		return usagef("--type %s: kept in the audit trail, not the live stream: drop --live", t)
+	}
+	return nil
 }
 
 // stampLayout is RFC 3339 with milliseconds: date, time and zone, so a line
@@ -338,7 +423,7 @@ func parseSince(s string, now time.Time) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
 		return t, nil
 	}
-	return time.Time{}, fmt.Errorf("--since %q: want a duration like 10m or an RFC 3339 time", s)
+	return time.Time{}, usagef("--since %q: want a duration like 10m, an RFC 3339 time or all", s)
 }
 
 func printEvent(w io.Writer, env events.Envelope, p events.Payload, asJSON bool) error {
@@ -363,36 +448,35 @@ func printEvent(w io.Writer, env events.Envelope, p events.Payload, asJSON bool)
 	return err
 }
 
-func runStatus(ctx context.Context, args []string, cluster string, connect connector, stdout, stderr io.Writer) error {
+func runStatus(inv *invocation, args []string) error {
 	fs := flag.NewFlagSet("status", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	asJSON := fs.Bool("json", false, "print the raw status records")
+	asJSON := fs.Bool("json", false, "print the raw status records as a JSON array ([] when there are none)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	b, err := connect()
+	b, err := inv.connect(bus.StateBucket)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	records, err := view.Records[events.GroupStatus](ctx, b, view.StatusFilter(cluster))
+	records, err := view.Records[events.GroupStatus](inv.bounded, b, view.StatusFilter(inv.cluster))
 	if err != nil {
 		return err
-	}
-	if len(records) == 0 {
-		fmt.Fprintln(stdout, "no group status yet (is an arbiter leading?)")
-		return nil
 	}
 	groups := make([]events.GroupStatus, len(records))
 	for i, r := range records {
 		groups[i] = r.Value
 	}
 	if *asJSON {
-		enc := json.NewEncoder(stdout)
+		enc := json.NewEncoder(inv.stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(groups)
 	}
-	return PrintStatus(stdout, groups, view.LastHeard(records, view.Heartbeats(ctx, b, records)), time.Now())
+	if len(records) == 0 {
+		fmt.Fprintln(inv.stdout, "no group status yet (is an arbiter leading?)")
+		return nil
+	}
+	return PrintStatus(inv.stdout, groups, view.LastHeard(records, view.Heartbeats(inv.bounded, b, records)), time.Now())
 }
 
 // PrintStatus renders group status records as two tables. heard maps
@@ -477,14 +561,14 @@ func envOr(k, def string) string {
 }
 
 // readRecords reads every JSON record of the state bucket whose key matches
-// filter, in key order.
-func readRecords[T any](ctx context.Context, connect connector, filter string) ([]T, error) {
-	b, err := connect()
+// filter, in key order, within --timeout.
+func readRecords[T any](inv *invocation, filter string) ([]T, error) {
+	b, err := inv.connect(bus.StateBucket)
 	if err != nil {
 		return nil, err
 	}
 	defer b.Close()
-	recs, err := view.Records[T](ctx, b, filter)
+	recs, err := view.Records[T](inv.bounded, b, filter)
 	if err != nil {
 		return nil, err
 	}

@@ -6,10 +6,11 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"time"
 
+	"github.com/fanpbx/fan/cmd/internal/view"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/nats-io/nats.go"
 )
 
@@ -57,7 +58,7 @@ func addDrainFlags(fs *flag.FlagSet) drainFlags {
 func (d drainFlags) apply(req *events.OperatorRequest) error {
 	switch {
 	case *d.now && (*d.forceAfter || *d.within != 0):
-		return errors.New("--now moves at once: it takes neither --within nor --force-after")
+		return usagef("--now moves at once: it takes neither --within nor --force-after")
 	case *d.now:
 		req.Drain = events.DrainNow
 	case *d.forceAfter:
@@ -65,59 +66,57 @@ func (d drainFlags) apply(req *events.OperatorRequest) error {
 	}
 	if *d.within != 0 {
 		if *d.within < events.MinDrainWithin || *d.within > events.MaxDrainWithin {
-			return fmt.Errorf("--within %v: want between %v and %v", *d.within, events.MinDrainWithin, events.MaxDrainWithin)
+			return usagef("--within %v: want between %v and %v", *d.within, events.MinDrainWithin, events.MaxDrainWithin)
 		}
 		req.WithinMS = d.within.Milliseconds()
 	}
 	return nil
 }
 
-// parseInterspersed parses flags that may come before or after positional
-// arguments (fanctl node standby n1 --reason x).
-func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
-	var pos []string
-	for {
-		if err := parseFlags(fs, args); err != nil {
-			return nil, err
-		}
-		args = fs.Args()
-		if len(args) == 0 {
-			return pos, nil
-		}
-		pos = append(pos, args[0])
-		args = args[1:]
-	}
-}
-
-func runOperate(ctx context.Context, cmd string, args []string, cluster, operator string, connect connector, stdout, stderr io.Writer) error {
+func runOperate(inv *invocation, cmd string, args []string) error {
+	cluster, operator, stdout := inv.cluster, inv.operator, inv.stdout
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	var req events.OperatorRequest
 	var o operatorFlags
+	// The names the request carries, for the check against the cluster's
+	// status before anything is sent.
+	var nodeArg string
 	switch cmd {
 	case "switchover":
 		to := fs.String("to", "", "the node to move the group to")
 		cancel := fs.Bool("cancel", false, "cancel the group's planned switchover that is waiting for the holder to drain")
 		o = addOperatorFlags(fs, true)
 		d := addDrainFlags(fs)
-		if _, err := parseInterspersed(fs, args); err != nil {
+		pos, err := parseInterspersed(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := wantArgs(pos); err != nil {
 			return err
 		}
 		req = events.OperatorRequest{Verb: events.OpSwitchover, Node: *to, Cancel: *cancel}
 		if *cancel && (*to != "" || *d.now || *d.forceAfter || *d.within != 0) {
-			return errors.New("switchover --cancel [--group G]: cancels the waiting move; it takes no --to, --now, --within or --force-after")
+			return usagef("--cancel cancels the waiting move: it takes no --to, --now, --within or --force-after")
+		}
+		if !*cancel && *to == "" {
+			return usagef("--to NODE is required (or --cancel)")
 		}
 		if err := d.apply(&req); err != nil {
 			return err
 		}
+		nodeArg = "--to"
 	case "failback":
 		now := fs.Bool("now", false, "fail back now, outside any window (required: manual failback is deliberate)")
 		o = addOperatorFlags(fs, true)
-		if _, err := parseInterspersed(fs, args); err != nil {
+		pos, err := parseInterspersed(fs, args)
+		if err != nil {
+			return err
+		}
+		if err := wantArgs(pos); err != nil {
 			return err
 		}
 		if !*now {
-			return errors.New("failback: --now is required (automatic failback happens inside windows; this one is manual)")
+			return usagef("--now is required (automatic failback happens inside windows; this one is manual)")
 		}
 		req = events.OperatorRequest{Verb: events.OpFailback}
 	case "maintenance":
@@ -126,8 +125,11 @@ func runOperate(ctx context.Context, cmd string, args []string, cluster, operato
 		if err != nil {
 			return err
 		}
-		if len(pos) != 1 || (pos[0] != "on" && pos[0] != "off") {
-			return errors.New("usage: fanctl maintenance on|off [--group G] [--reason TEXT] (no --group: the whole cluster)")
+		if err := wantArgs(pos, "on|off"); err != nil {
+			return err
+		}
+		if pos[0] != "on" && pos[0] != "off" {
+			return usagef("%q: want on or off", pos[0])
 		}
 		req = events.OperatorRequest{Verb: events.OpMaintenanceOn}
 		if pos[0] == "off" {
@@ -140,40 +142,59 @@ func runOperate(ctx context.Context, cmd string, args []string, cluster, operato
 		if err != nil {
 			return err
 		}
-		if len(pos) != 2 || (pos[0] != "standby" && pos[0] != "active") {
-			return errors.New("usage: fanctl node standby NODE [--within D] [--force-after | --now] [--reason TEXT], or fanctl node active NODE (which also cancels a standby's waiting moves)")
+		if len(pos) > 0 && pos[0] != "standby" && pos[0] != "active" {
+			return usagef("%q: want standby or active", pos[0])
+		}
+		if err := wantArgs(pos, "standby|active", "NODE"); err != nil {
+			return err
 		}
 		req = events.OperatorRequest{Verb: events.OpNodeStandby, Node: pos[1]}
 		if pos[0] == "active" {
 			req.Verb = events.OpNodeActive
 			if *d.now || *d.forceAfter || *d.within != 0 {
-				return errors.New("node active takes no --now, --within or --force-after")
+				return usagef("node active takes no --now, --within or --force-after")
 			}
 		}
 		if err := d.apply(&req); err != nil {
 			return err
 		}
+		nodeArg = "NODE"
 	}
 	if operator == "" {
-		return fmt.Errorf("%s: no operator identity: set operator: in fanctl's --config (FANCTL_CONFIG) or --operator (FAN_OPERATOR) "+
-			"to the operator whose credentials you use; the arbiter records the action as that operator", cmd)
+		return usagef("no operator identity: set operator: in fanctl's --config (FANCTL_CONFIG) or --operator (FAN_OPERATOR) " +
+			"to the operator whose credentials you use; the arbiter records the action as that operator")
 	}
 	if err := events.ValidToken("operator", operator); err != nil {
-		return fmt.Errorf("%s: %w", cmd, err)
+		return usagef("--operator: %v", err)
 	}
 	req.Group, req.Reason, req.Operator, req.Comment = *o.group, *o.reason, operator, *o.as
 	if err := req.Validate(); err != nil {
-		return fmt.Errorf("%s: %w", cmd, err)
+		return usagef("%v", err)
 	}
 	if cluster == "" {
-		return fmt.Errorf("%s: --cluster (or FAN_CLUSTER) is required: actions go to one cluster's arbiter", cmd)
+		return usagef("--cluster (or FAN_CLUSTER) is required: actions go to one cluster's arbiter")
 	}
-	b, err := connect()
+	b, err := inv.connect(bus.StateBucket)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	rep, err := request(ctx, b.NC, cluster, req, *o.wait)
+	if req.Group != "" || req.Node != "" {
+		records, err := view.Records[events.GroupStatus](inv.bounded, b, events.AllGroupStatusKeys(cluster))
+		if err != nil {
+			return err
+		}
+		groups := make([]events.GroupStatus, len(records))
+		for i, r := range records {
+			groups[i] = r.Value
+		}
+		if err := checkNames(groups, cluster, req.Group, req.Node, nodeArg); err != nil {
+			return err
+		}
+	}
+	// The answer has a wait of its own (--wait), from when it is sent.
+	inv.waitOnItsOwn()
+	rep, err := request(inv.ctx, b.NC, cluster, req, *o.wait)
 	if err != nil {
 		return err
 	}
@@ -201,6 +222,45 @@ func runOperate(ctx context.Context, cmd string, args []string, cluster, operato
 	}
 	if !rep.Accepted {
 		return errRefused
+	}
+	return nil
+}
+
+// checkNames refuses, before anything is sent, a group or node that the
+// cluster's group status records (what its arbiter leader wrote) do not
+// name: a typo is the operator's to fix, not the arbiter's to refuse after
+// recording it. nodeArg is how the command line gave the node.
+func checkNames(groups []events.GroupStatus, cluster, group, node, nodeArg string) error {
+	if len(groups) == 0 {
+		return fmt.Errorf("cluster %s has no group status in the state bucket, so the names given cannot be checked: "+
+			"is an arbiter of cluster %s running? (fanctl --cluster %s status)", cluster, cluster, cluster)
+	}
+	var groupNames, nodes []string
+	var in *events.GroupStatus
+	seen := map[string]bool{}
+	for i, g := range groups {
+		groupNames = append(groupNames, g.Group)
+		if g.Group == group {
+			in = &groups[i]
+		}
+		if group == "" || g.Group == group {
+			for n := range g.Nodes {
+				if !seen[n] {
+					seen[n] = true
+					nodes = append(nodes, n)
+				}
+			}
+		}
+	}
+	if group != "" && in == nil {
+		return usagef("--group %q: cluster %s has no such group; %s", group, cluster, unknownName(group, groupNames))
+	}
+	if node != "" && !seen[node] {
+		where := "cluster " + cluster
+		if in != nil {
+			where = "group " + group
+		}
+		return usagef("%s %q: %s has no such node; %s", nodeArg, node, where, unknownName(node, nodes))
 	}
 	return nil
 }

@@ -154,6 +154,9 @@ func TestOperatorCommands(t *testing.T) {
 		got <- r
 		return events.OperatorReply{Accepted: r.Node != "n9", Message: "ok", EventID: "0193a1b2-0000-7000-8000-000000000001", Epoch: 3}
 	})
+	// fanctl sends only names the cluster's status knows.
+	putStatus(t, s, events.GroupStatus{Group: "pbx", Holder: "n1", UpdatedAt: time.Now(),
+		Nodes: map[string]events.NodeStatus{"n1": {}, "n2": {}, "n9": {}}})
 	cfgFile := filepath.Join(t.TempDir(), "fanctl.yaml")
 	if err := os.WriteFile(cfgFile, []byte("url: "+s.ClientURL()+"\ncluster: lab\noperator: erin\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -2,6 +2,7 @@ package fanctl
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -10,13 +11,13 @@ import (
 	"github.com/fanpbx/fan/cmd/internal/natsconfig"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 // runNATSConfig writes the bus's CA, certificates, keys, server
 // configurations and per-host bundles for a cluster file.
 func runNATSConfig(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("nats-config", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	file := fs.String("cluster-file", "cluster.yaml", "the cluster file")
 	out := fs.String("out", "fan-bus", "output directory (kept: its CA and keys are reused on every run)")
 	renew := fs.Bool("renew", false, "reissue every certificate from the same CA (keys are kept)")
@@ -46,9 +47,9 @@ func runNATSConfig(args []string, stdout, stderr io.Writer) error {
 
 // runProvision creates every stream, bucket and object store fan needs. It
 // is the admin identity's job: services have no create rights.
-func runProvision(ctx context.Context, args []string, cfg *bus.Config, connect connector, stdout, stderr io.Writer) error {
+func runProvision(inv *invocation, args []string) error {
+	cfg, stdout := inv.cfg, inv.stdout
 	fs := flag.NewFlagSet("provision", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.IntVar(&cfg.Replicas, "replicas", 3, "replicas of every stream and bucket (1..5; 1 for a single server)")
 	maxAge := fs.Duration("events-max-age", 90*24*time.Hour, "how long the audit stream keeps events")
 	// The limits default to the configuration file's bus.limits (or fan's defaults).
@@ -64,12 +65,15 @@ func runProvision(ctx context.Context, args []string, cfg *bus.Config, connect c
 	}
 	cfg.EventsMaxAge = config.Duration(*maxAge)
 	cfg.Limits.LiveMaxAge = config.Duration(*liveAge)
-	b, err := connect()
+	b, err := inv.connect()
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	pctx, cancel := context.WithTimeout(ctx, *wait)
+	// JetStream's leaders of a new cluster take longer than a read: the
+	// creation has --wait of its own, not --timeout.
+	inv.waitOnItsOwn()
+	pctx, cancel := context.WithTimeout(inv.ctx, *wait)
 	defer cancel()
 	if err := b.Provision(pctx); err != nil {
 		return fmt.Errorf("provision streams and bucket: %w", err)
@@ -81,5 +85,34 @@ func runProvision(ctx context.Context, args []string, cfg *bus.Config, connect c
 		bus.EventsStream, bus.LiveStream, bus.CommandsStream, bus.StateBucket, cfg.Replicas)
 	fmt.Fprintf(stdout, "each NATS server with a replica needs %d MiB for them (audit %d, live %d, commands %d, state %d) plus the replicated trees\n",
 		cfg.Limits.TotalMiB(), cfg.Limits.EventsMiB, cfg.Limits.LiveMiB, cfg.Limits.CommandsMiB, cfg.Limits.StateMiB)
+	return nil
+}
+
+// requireProvisioned checks that the streams and the bucket a command reads
+// exist (bus.EventsStream, bus.LiveStream, bus.StateBucket). Reading one
+// that does not would wait for it (a watch keeps making its consumer), so
+// a bus nobody provisioned fails here, saying what to do.
+func requireProvisioned(ctx context.Context, b *bus.Bus, needs ...string) error {
+	for _, name := range needs {
+		what := "stream " + name
+		var err error
+		if name == bus.StateBucket {
+			what = "bucket " + name
+			_, err = b.JS.KeyValue(ctx, name)
+		} else {
+			_, err = b.JS.Stream(ctx, name)
+		}
+		switch {
+		case err == nil:
+		case errors.Is(err, jetstream.ErrStreamNotFound), errors.Is(err, jetstream.ErrBucketNotFound):
+			return fmt.Errorf("%s does not exist: the bus is not provisioned; run `fanctl provision` with the admin's bundle "+
+				"(fanctl --config fan-bus/hosts/admin/fanctl.yaml provision --replicas 3; deploy/systemd/README.md)", what)
+		case errors.Is(err, jetstream.ErrJetStreamNotEnabled), errors.Is(err, jetstream.ErrJetStreamNotEnabledForAccount):
+			return fmt.Errorf("%s: JetStream is not enabled for this account on the server; fan needs it (fan-nats, or "+
+				"nats-server with the configuration fanctl nats-config writes), then `fanctl provision` with the admin's bundle", what)
+		default:
+			return fmt.Errorf("%s: %w", what, err)
+		}
+	}
 	return nil
 }

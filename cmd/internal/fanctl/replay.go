@@ -1,14 +1,13 @@
 package fanctl
 
 import (
-	"context"
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"time"
 
 	"github.com/fanpbx/fan/cmd/internal/view"
+	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/services/arbiter/replay"
 )
 
@@ -17,9 +16,9 @@ var errDiffers = errors.New("replay: decisions differ")
 
 // runReplay reads the audit stream and replays it through the arbiter's
 // decision core under an arbiter configuration file.
-func runReplay(ctx context.Context, args []string, cluster string, connect connector, stdout, stderr io.Writer) error {
+func runReplay(inv *invocation, args []string) error {
+	cluster, stdout := inv.cluster, inv.stdout
 	fs := flag.NewFlagSet("replay", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	cfgPath := fs.String("arbiter-config", "", "the arbiter's configuration file: the policy the decisions are replayed under (required)")
 	since := fs.String("since", "24h", "read from this long ago (10m) or this time (RFC 3339); 'all' from the beginning; the replay starts at the first arbiter start or term start in what is read")
 	until := fs.String("until", "", "stop reading at this time (RFC 3339)")
@@ -27,9 +26,8 @@ func runReplay(ctx context.Context, args []string, cluster string, connect conne
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
-	if *cfgPath == "" || fs.NArg() != 0 {
-		fmt.Fprintln(stderr, "usage: fanctl replay --arbiter-config FILE [--since 24h|TIME|all] [--until TIME] [--tolerance 1s]")
-		return errReported
+	if *cfgPath == "" {
+		return usagef("--arbiter-config FILE is required: the policy the decisions are replayed under")
 	}
 	cfg, err := replay.LoadConfig(*cfgPath)
 	if err != nil {
@@ -47,15 +45,15 @@ func runReplay(ctx context.Context, args []string, cluster string, connect conne
 	var end time.Time
 	if *until != "" {
 		if end, err = time.Parse(time.RFC3339, *until); err != nil {
-			return fmt.Errorf("--until %q: want an RFC 3339 time", *until)
+			return usagef("--until %q: want an RFC 3339 time", *until)
 		}
 	}
-	b, err := connect()
+	b, err := inv.connect(bus.EventsStream, bus.LiveStream)
 	if err != nil {
 		return err
 	}
 	defer b.Close()
-	trail, err := view.ReadTrail(ctx, b, cfg.Cluster(), from)
+	trail, err := view.ReadTrail(inv.bounded, b, cfg.Cluster(), from)
 	if err != nil {
 		return err
 	}

@@ -232,6 +232,9 @@ func TestExplainJSON(t *testing.T) {
 func TestActionJSON(t *testing.T) {
 	s := bustest.Server(t)
 	b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"})
+	// fanctl sends only names the cluster's status knows.
+	putStatus(t, s, events.GroupStatus{Group: "pbx", Holder: "n1", UpdatedAt: time.Now(),
+		Nodes: map[string]events.NodeStatus{"n1": {}, "n2": {}, "n9": {}}})
 	standInArbiter(t, b, func(r events.OperatorRequest, _ string) events.OperatorReply {
 		return events.OperatorReply{Accepted: r.Node != "n9", Message: "moving", EventID: "0193a1b2-0000-7000-8000-000000000001",
 			Decisions: []string{"0193a1b2-0000-7000-8000-000000000002"}, Leader: "ctl", Epoch: 3}
@@ -247,12 +250,13 @@ func TestActionJSON(t *testing.T) {
 
 // TestCompletion runs the generated scripts in the real shells: bash
 // completes commands, a command's flags and words; zsh parses its script.
-// Every command's flags in the script are the ones its -h lists.
+// Every command's flags in the script are the ones its -h lists (on
+// standard output).
 func TestCompletion(t *testing.T) {
 	for cmd, want := range fanctl.CommandFlags() {
-		_, _, errOut := run(cmd, "-h")
+		_, helpOut, _ := run(cmd, "-h")
 		var got []string
-		for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(errOut, -1) {
+		for _, m := range regexp.MustCompile(`(?m)^  -([a-z-]+)`).FindAllStringSubmatch(helpOut, -1) {
 			got = append(got, m[1])
 		}
 		sort.Strings(got)

@@ -1,10 +1,8 @@
 package fanctl
 
 import (
-	"context"
 	"flag"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
 
@@ -18,18 +16,14 @@ import (
 // events.RoleViewer, which may only read) and never writes to it. Unlike
 // the other commands it keeps dialling a bus that is not up yet, as a
 // service does.
-func runServe(ctx context.Context, args []string, cluster string, file statuspage.Config, bcfg bus.Config, version string, stdout, stderr io.Writer) error {
+func runServe(inv *invocation, args []string) error {
+	ctx, cluster, file, bcfg, version, stdout, stderr := inv.ctx, inv.cluster, inv.file.Serve, *inv.cfg, inv.version, inv.stdout, inv.stderr
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
 	listen := fs.String("listen", "", "the page's address, host:port (serve.listen; default "+statuspage.DefaultListen+")")
 	prefix := fs.String("path-prefix", "", "the path the page is served under, / or /a/b/ (serve.path_prefix; default /)")
 	tokenFile := fs.String("token-file", "", "the file holding the bearer token that logs in (serve.token_file; required)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "fanctl: serve takes no arguments, got %q\n", fs.Args())
-		return errReported
 	}
 	cfg := file
 	for _, o := range []struct{ v, dst *string }{{listen, &cfg.Listen}, {prefix, &cfg.PathPrefix}, {tokenFile, &cfg.TokenFile}} {

@@ -1,7 +1,9 @@
 // Package natsconf reads fan-nats's settings: a YAML file (-config) with
 // the keys of bus.embedded, and command-line flags that override the keys
 // they name. A flag not given leaves the file's value alone, so a unit file
-// can pass -config and still change one setting for a run.
+// can pass -config and still change one setting for a run. -check-config
+// checks all of it, and the nats-server configuration file it names, as
+// the start would, and reports every error.
 package natsconf
 
 import (
@@ -9,10 +11,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/daemon"
 )
 
 // Defaults of the keys neither the file nor a flag sets.
@@ -28,9 +32,41 @@ var ErrUsage = errors.New("usage")
 // ErrVersion is returned for -version: the caller prints its version and exits.
 var ErrVersion = errors.New("version requested")
 
+// Settings are what fan-nats's command line asks for.
+type Settings struct {
+	Embedded bus.Embedded
+	// Check is -check-config: check everything, start nothing.
+	Check bool
+	// ConfigPath is the -config file ("" when there is none).
+	ConfigPath string
+}
+
 // Parse reads args (without the program name) and the -config file they
 // name, if any, into the server's settings, validated.
 func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
+	s, _, err := load(args, stderr, false)
+	return s.Embedded, err
+}
+
+// Load is Parse, then the checks of what the settings name on this host
+// (bus.Embedded.CheckHost: the addresses to listen on, the store, the
+// nats-server configuration file read by nats-server's own parser, and
+// the certificates and keys its tls blocks name). It is what -check-config
+// reports and what fan-nats starts with. err lists every error, each placed
+// on its line of the file or on the flag that set it (a *config.Errors),
+// or is ErrUsage or ErrVersion; warnings refuse nothing.
+func Load(args []string, stderr io.Writer) (s Settings, warnings []string, err error) {
+	return load(args, stderr, true)
+}
+
+// flagKeys are the file's keys each flag sets.
+var flagKeys = map[string]string{
+	"listen": "listen", "store": "store_dir", "name": "server_name", "tags": "tags",
+	"cluster-name": "cluster.name", "cluster-listen": "cluster.listen", "routes": "cluster.routes",
+	"server-config": "server_config", "insecure-lab": "insecure_lab",
+}
+
+func load(args []string, stderr io.Writer, host bool) (Settings, []string, error) {
 	fs := flag.NewFlagSet("fan-nats", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	cfgPath := fs.String("config", "", "YAML file with the keys of bus.embedded (store_dir, listen, server_name, tags, cluster: {name, listen, routes}, server_config, insecure_lab); flags given override it")
@@ -43,29 +79,42 @@ func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
 	routes := fs.String("routes", "", "the members' route addresses, comma separated (host:port or nats-route://host:port)")
 	serverConf := fs.String("server-config", "", "nats-server configuration file: authorization, accounts, tls (fanctl nats-config writes it)")
 	insecure := fs.Bool("insecure-lab", false, "allow a listener off loopback without authentication or TLS (throwaway labs only)")
+	check := fs.Bool("check-config", false, "check the flags, the -config file (or the one path given) and the nats-server configuration they name, and exit (non-zero on any error)")
 	showVersion := fs.Bool("version", false, "print the version and exit")
-	if err := fs.Parse(args); err != nil {
-		return bus.Embedded{}, ErrUsage
+	rest, err := daemon.ParseFlags(fs, args)
+	if err != nil {
+		return Settings{}, nil, ErrUsage
 	}
 	if *showVersion {
-		return bus.Embedded{}, ErrVersion
+		return Settings{}, nil, ErrVersion
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "fan-nats: unexpected arguments %q\n", fs.Args())
-		return bus.Embedded{}, ErrUsage
+	path, err := daemon.ConfigPath(fs, *cfgPath, *check, rest)
+	if err != nil {
+		fmt.Fprintf(stderr, "fan-nats: %v\n", err)
+		return Settings{}, nil, ErrUsage
 	}
+	s := Settings{Check: *check, ConfigPath: path}
 	e := bus.Embedded{StoreDir: DefaultStore, Listen: DefaultListen, ServerName: DefaultName}
-	if *cfgPath != "" {
+	doc := config.NewDoc("")
+	if path != "" {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			return s, nil, fmt.Errorf("config %s: %w", path, err)
+		}
 		// The file's keys replace the defaults; its validation waits until
 		// the flags are applied, since they may complete it.
-		var f file
-		f.Embedded = e
-		if err := config.Load(*cfgPath, &f); err != nil {
-			return bus.Embedded{}, err
+		f := file{Embedded: e}
+		d, ok := config.Decode(path, b, &f)
+		if !ok {
+			_, err := d.Report()
+			return s, nil, err
 		}
-		e = f.Embedded
+		doc, e = d, f.Embedded
 	}
 	fs.Visit(func(fl *flag.Flag) {
+		if k, ok := flagKeys[fl.Name]; ok {
+			doc.SetFrom(k, "-"+fl.Name)
+		}
 		switch fl.Name {
 		case "listen":
 			e.Listen = *listen
@@ -87,13 +136,13 @@ func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
 			e.InsecureLab = *insecure
 		}
 	})
-	if err := e.Validate(""); err != nil {
-		if *cfgPath != "" {
-			return bus.Embedded{}, fmt.Errorf("config %s (with flags): %w", *cfgPath, err)
-		}
-		return bus.Embedded{}, err
+	s.Embedded = e
+	errs := []error{e.Validate("")}
+	if host {
+		errs = append(errs, e.CheckHost(""))
 	}
-	return e, nil
+	warnings, err := doc.Report(errs...)
+	return s, warnings, err
 }
 
 // file is the config file's shape: bus.embedded's keys at the top.

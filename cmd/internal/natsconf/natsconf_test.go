@@ -94,3 +94,60 @@ func TestRefusals(t *testing.T) {
 		t.Errorf("unknown flag: %v", err)
 	}
 }
+
+// -check-config takes the file as -config or as the one path after it,
+// wherever the flags are; a leftover argument is a usage error naming it.
+func TestCheckConfigArguments(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "nats.yaml")
+	if err := os.WriteFile(path, []byte("store_dir: "+dir+"\nlisten: 127.0.0.1:4222\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]string{
+		{"-check-config", path},
+		{"-check-config", path, "-name", "n1"},
+		{"-name", "n1", "-check-config", path},
+		{path, "-check-config"},
+		{"-config", path, "-check-config"},
+	} {
+		s, _, err := Load(args, io.Discard)
+		if err != nil || !s.Check || s.ConfigPath != path || s.Embedded.StoreDir != dir {
+			t.Errorf("%q: %+v, %v", args, s, err)
+		}
+	}
+	for _, args := range [][]string{
+		{"-check-config", path, "stray"},
+		{"-config", path, "-check-config", "other.yaml"},
+		{path},
+	} {
+		var stderr strings.Builder
+		if _, _, err := Load(args, &stderr); err != ErrUsage || !strings.Contains(stderr.String(), "unexpected argument") {
+			t.Errorf("%q: %v, %q", args, err, stderr.String())
+		}
+	}
+}
+
+// Every error of the settings is reported: on its line of the file, or on
+// the flag that set the key, and those of the nats-server configuration
+// file on its lines.
+func TestLoadReportsEveryError(t *testing.T) {
+	dir := t.TempDir()
+	serverConf := filepath.Join(dir, "nats-server.conf")
+	if err := os.WriteFile(serverConf, []byte("listen: 0.0.0.0:4222\nlisten_typo: 1\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(dir, "nats.yaml")
+	if err := os.WriteFile(path, []byte("store_dir: "+dir+"\nlistn: 127.0.0.1:4222\nserver_config: "+serverConf+"\ncluster:\n  name: fan\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	_, _, err := Load([]string{"-check-config", path, "-routes", "nohost"}, io.Discard)
+	want := strings.Join([]string{
+		path + ":2: listn: unknown key; did you mean listen?",
+		path + ":4: cluster.listen: required in a cluster",
+		`-routes: cluster.routes[0]: route "nats-route://nohost": want host:port`,
+		serverConf + `:2:1: unknown field "listen_typo"`,
+	}, "\n")
+	if err == nil || err.Error() != want {
+		t.Fatalf("got\n%v\nwant\n%s", err, want)
+	}
+}

@@ -8,7 +8,9 @@ package natsconfig
 
 import (
 	"fmt"
+	"net"
 	"slices"
+	"strconv"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
@@ -276,3 +278,59 @@ func (c Cluster) identities() []identity {
 	out = append(out, identity{Identity: events.Identity{Cluster: c.Cluster, Role: events.RoleAdmin, Name: "admin"}, Dir: "admin"})
 	return out
 }
+
+// ClientURLs lists the servers for a client on host, in the order it must
+// dial them: the server sharing its machine first (a PBX host's own server
+// answers even when the LAN is cut), then the leader servers in order (where
+// every write goes anyway, and the witness in the co-located shape), then
+// the rest. An empty host (a person's machine) starts with the leaders.
+func (c Cluster) ClientURLs(host string) []string {
+	var order []Server
+	has := func(name string) bool {
+		return slices.ContainsFunc(order, func(o Server) bool { return o.Name == name })
+	}
+	for _, s := range c.NATS {
+		if host != "" && s.FanHost == host {
+			order = append(order, s)
+		}
+	}
+	for _, l := range c.LeaderServers {
+		for _, s := range c.NATS {
+			if s.Name == l && !has(s.Name) {
+				order = append(order, s)
+			}
+		}
+	}
+	for _, s := range c.NATS {
+		if !has(s.Name) {
+			order = append(order, s)
+		}
+	}
+	u := make([]string, 0, len(order))
+	for _, s := range order {
+		u = append(u, "tls://"+net.JoinHostPort(s.Host, strconv.Itoa(s.ClientPort)))
+	}
+	return u
+}
+
+// Standby says whether the arbiter on host shares its machine with a server
+// that should not lead: it must not hold the lease while one on the witness
+// can (deploy/systemd/README.md, section 0).
+func (c Cluster) Standby(host string) bool {
+	if len(c.LeaderServers) == 0 {
+		return false
+	}
+	for _, s := range c.NATS {
+		if s.FanHost == host && !slices.Contains(c.LeaderServers, s.Name) {
+			return true
+		}
+	}
+	return false
+}
+
+// Defaults fills what the cluster file may leave out (ports, directories,
+// the certificates' lifetime, each host's services), as LoadCluster does.
+func (c *Cluster) Defaults() { c.defaults() }
+
+// Validate checks a cluster built in code, as LoadCluster checks a file.
+func (c Cluster) Validate() error { return c.validate() }

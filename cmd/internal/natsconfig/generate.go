@@ -32,6 +32,10 @@ type Options struct {
 	Renew bool
 	// Now is the issue time (tests); zero means time.Now.
 	Now time.Time
+	// WrittenBy names, in the server configurations' header, the command and
+	// the file they are derived from (default: nats-config and the cluster
+	// file), so an operator reading one knows what to change instead.
+	WrittenBy, From string
 }
 
 // Result says what a run did.
@@ -127,7 +131,14 @@ func (g *gen) run() error {
 			}
 			ips = append(ips, ip)
 		}
-		dns := []string{s.Host}
+		// An address as host goes in the certificate's IP addresses, not
+		// its names.
+		var dns []string
+		if hip := net.ParseIP(s.Host); hip == nil {
+			dns = append(dns, s.Host)
+		} else if !slices.ContainsFunc(ips, hip.Equal) {
+			ips = append(ips, hip)
+		}
 		if s.Name != s.Host {
 			dns = append(dns, s.Name)
 		}
@@ -365,57 +376,22 @@ func list(ss []string) string {
 	return "[" + strings.Join(out, ", ") + "]"
 }
 
-// urls lists the servers for a client on host: the server sharing its
-// machine first (a PBX host's own server answers even when the LAN is cut),
-// then the leader servers in order (where every write goes anyway), then the
-// rest.
-func (g *gen) urls(host string) string {
-	var order []Server
-	for _, s := range g.c.NATS {
-		if host != "" && s.FanHost == host {
-			order = append(order, s)
-		}
-	}
-	for _, l := range g.c.LeaderServers {
-		for _, s := range g.c.NATS {
-			if s.Name == l && !slices.ContainsFunc(order, func(o Server) bool { return o.Name == s.Name }) {
-				order = append(order, s)
-			}
-		}
-	}
-	for _, s := range g.c.NATS {
-		if !slices.ContainsFunc(order, func(o Server) bool { return o.Name == s.Name }) {
-			order = append(order, s)
-		}
-	}
-	var u []string
-	for _, s := range order {
-		u = append(u, "tls://"+net.JoinHostPort(s.Host, strconv.Itoa(s.ClientPort)))
-	}
-	return strings.Join(u, ",")
-}
+// urls is ClientURLs joined, as bus.url takes them.
+func (g *gen) urls(host string) string { return strings.Join(g.c.ClientURLs(host), ",") }
 
-// standby says whether the arbiter on host shares its machine with a server
-// that should not lead: it must not hold the lease while one on the witness
-// can (deploy/systemd/README.md, section 0).
-func (g *gen) standby(host string) bool {
-	if len(g.c.LeaderServers) == 0 {
-		return false
-	}
-	for _, s := range g.c.NATS {
-		if s.FanHost == host && !slices.Contains(g.c.LeaderServers, s.Name) {
-			return true
-		}
-	}
-	return false
-}
+// standby is Cluster.Standby.
+func (g *gen) standby(host string) bool { return g.c.Standby(host) }
 
 func (g *gen) serverConf(s Server, ids []identity) ([]byte, error) {
 	var b strings.Builder
 	w := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
 	path := func(name string) string { return q(filepath.Join(g.c.NATSDir, name)) }
-	w("# nats-server %s of fan cluster %s, written by `fanctl nats-config`.", s.Name, g.c.Cluster)
-	w("# Do not edit: change the cluster file and run the generator again.")
+	by, from := g.opt.WrittenBy, g.opt.From
+	if by == "" {
+		by, from = "fanctl nats-config", "the cluster file"
+	}
+	w("# nats-server %s of fan cluster %s, written by `%s`.", s.Name, g.c.Cluster, by)
+	w("# Do not edit: change %s and run `%s` again.", from, by)
 	w("# Permissions come from pkg/events (one user per service per host, per")
 	w("# operator, per auditor, and the admin); see deploy/systemd/README.md.")
 	w("server_name: %s", q(s.Name))

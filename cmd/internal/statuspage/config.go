@@ -79,7 +79,7 @@ func (c *Config) Validate() error {
 		config.DurationOrZero("serve.refresh", c.Refresh.D(), 500*time.Millisecond, time.Minute),
 		intOrZero("serve.max_clients", c.MaxClients, 1, 1024),
 	)
-	return config.First(errs...)
+	return config.Join(errs...)
 }
 
 func intOrZero(key string, v, lo, hi int) error {

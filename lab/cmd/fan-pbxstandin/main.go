@@ -76,21 +76,67 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	amiUser := fs.String("ami-user", env("FAN_PBX_AMI_USER", "fan"), "AMI username (FAN_PBX_AMI_USER)")
 	amiSecret := fs.String("ami-secret", env("FAN_PBX_AMI_SECRET", ""), "AMI secret (FAN_PBX_AMI_SECRET, required)")
 	control := fs.String("control", env("FAN_PBX_CONTROL", defaultControl), "control socket (FAN_PBX_CONTROL)")
+	registrar := fs.Bool("registrar", env("FAN_PBX_REGISTRAR", "") != "", "answer REGISTER as Asterisk 22's registrar does, in the AMI peer's AstDB, and let Originate reach the contacts (FAN_PBX_REGISTRAR); the record of AMI actions is then kept 10 s")
+	statusOnUpdate := fs.Bool("contact-status-on-update", true, "with -registrar: pjsip.conf's send_contact_status_on_update_registration (fan requires yes)")
+	systemName := fs.String("system-name", env("FAN_PBX_SYSTEM_NAME", ""), "asterisk.conf's systemname, in contacts and events; default the node name (FAN_PBX_SYSTEM_NAME)")
+	etcDir := fs.String("etc", env("FAN_PBX_ETC", ""), "an Asterisk configuration directory (FAN_PBX_ETC): the AMI listener and users from manager.conf, the systemname from asterisk.conf, the UDP transports to answer SIP on and the endpoints from pjsip.conf, in place of the flags that say the same")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if *node == "" || *amiSecret == "" {
-		return errors.New("-node and -ami-secret are required (or FAN_PBX_NODE and FAN_PBX_AMI_SECRET)")
+	var etc *pbxstandin.Etc
+	if *etcDir != "" {
+		e, err := pbxstandin.LoadEtc(*etcDir)
+		if err != nil {
+			return err
+		}
+		if e.AMIAddr == "" {
+			return fmt.Errorf("%s/manager.conf: AMI is not enabled ([general] enabled = yes)", *etcDir)
+		}
+		etc = &e
+	} else if *amiSecret == "" {
+		return errors.New("-ami-secret is required (or FAN_PBX_AMI_SECRET, or -etc)")
+	}
+	if *node == "" {
+		return errors.New("-node is required (or FAN_PBX_NODE)")
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("service", "fan-pbxstandin", "node", *node)
-	p, err := pbxstandin.Start(pbxstandin.Config{
+	cfg := pbxstandin.Config{
 		Node: *node, SIP: strings.Split(*sip, ","), Logger: log,
-		AMI: amipeer.Config{Addr: *amiListen, Username: *amiUser, Secret: *amiSecret},
-	})
+		AMI: amipeer.Config{Addr: *amiListen, Username: *amiUser, Secret: *amiSecret, SystemName: *systemName},
+	}
+	if *registrar {
+		cfg.Registrar = &amipeer.RegistrarConfig{SendContactStatusOnUpdate: *statusOnUpdate, RemoveExisting: true}
+	}
+	if etc != nil {
+		cfg.SIP = etc.SIP
+		cfg.AMI.Addr, cfg.AMI.Username, cfg.AMI.Secret = etc.AMIAddr, "", ""
+		cfg.AMI.Users, cfg.AMI.Transports, cfg.AMI.Endpoints = etc.Users, etc.Transports, etc.Endpoints
+		cfg.AMI.SystemName = etc.SystemName
+		if cfg.Registrar != nil {
+			cfg.Registrar.SendContactStatusOnUpdate = etc.SendContactStatusOnUpdate
+		}
+	}
+	p, err := pbxstandin.Start(cfg)
 	if err != nil {
 		return err
 	}
 	defer p.Close()
+	if *registrar {
+		// Thousands of phones re-registering: the action record would
+		// grow without end.
+		go func() {
+			t := time.NewTicker(10 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					p.AMI().ForgetActions()
+				}
+			}
+		}()
+	}
 	stopCtl, err := pbxstandin.ListenControl(ctx, p, *control)
 	if err != nil {
 		return err

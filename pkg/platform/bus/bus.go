@@ -66,6 +66,13 @@ type Config struct {
 	ConnectOnce bool `yaml:"-"`
 }
 
+// HasIdentity says whether the client presents an identity of its own (an
+// nkey, a creds file or a client certificate): a bus that asks for one
+// gives each its permissions, and only the admin's may create streams.
+func (c Config) HasIdentity() bool {
+	return c.NKeySeed != "" || c.Creds != "" || c.TLS.Cert != ""
+}
+
 // TLSConfig enables TLS (and mutual TLS when Cert and Key are set).
 type TLSConfig struct {
 	CA   string `yaml:"ca"`
@@ -115,48 +122,50 @@ type EmbeddedCluster struct {
 	Routes []string `yaml:"routes"`
 }
 
-// Validate checks an embedded server's settings; key names are relative to
-// prefix (bus.embedded in a service, the config file's top in fan-nats).
+// Validate checks an embedded server's settings, reporting every one that
+// is wrong; key names are relative to prefix (bus.embedded in a service,
+// the config file's top in fan-nats).
 func (e *Embedded) Validate(prefix string) error {
-	key := func(k string) string {
+	key := prefixed(prefix)
+	var errs []error
+	if e.StoreDir == "" {
+		errs = append(errs, config.Errf(key("store_dir"), "required"))
+	}
+	if e.Listen != "" {
+		errs = append(errs, config.HostPort(key("listen"), e.Listen, true))
+	}
+	errs = append(errs, config.CountIn(key("cluster.routes"), len(e.Cluster.Routes), 0, MaxServers))
+	c := e.Cluster
+	if c.Name == "" {
+		if c.Listen != "" || len(c.Routes) > 0 {
+			errs = append(errs, config.Errf(key("cluster.name"), "required with cluster.listen or cluster.routes"))
+		}
+		return config.Join(errs...)
+	}
+	if c.Listen == "" {
+		errs = append(errs, config.Errf(key("cluster.listen"), "required in a cluster"))
+	} else {
+		errs = append(errs, config.HostPort(key("cluster.listen"), c.Listen, true))
+	}
+	if e.ServerName == "" {
+		errs = append(errs, config.Errf(key("server_name"), "required in a cluster (unique per server)"))
+	}
+	for i, r := range c.Routes {
+		if _, err := routeURL(r); err != nil {
+			errs = append(errs, config.Errf(fmt.Sprintf("%s[%d]", key("cluster.routes"), i), "%v", err))
+		}
+	}
+	return config.Join(errs...)
+}
+
+// prefixed names keys below prefix.
+func prefixed(prefix string) func(string) string {
+	return func(k string) string {
 		if prefix == "" {
 			return k
 		}
 		return prefix + "." + k
 	}
-	if e.StoreDir == "" {
-		return config.Errf(key("store_dir"), "required")
-	}
-	if e.Listen != "" {
-		if err := config.HostPort(key("listen"), e.Listen, true); err != nil {
-			return err
-		}
-	}
-	if err := config.CountIn(key("cluster.routes"), len(e.Cluster.Routes), 0, MaxServers); err != nil {
-		return err
-	}
-	c := e.Cluster
-	if c.Name == "" {
-		if c.Listen != "" || len(c.Routes) > 0 {
-			return config.Errf(key("cluster.name"), "required with cluster.listen or cluster.routes")
-		}
-		return nil
-	}
-	if c.Listen == "" {
-		return config.Errf(key("cluster.listen"), "required in a cluster")
-	}
-	if err := config.HostPort(key("cluster.listen"), c.Listen, true); err != nil {
-		return err
-	}
-	if e.ServerName == "" {
-		return config.Errf(key("server_name"), "required in a cluster (unique per server)")
-	}
-	for i, r := range c.Routes {
-		if _, err := routeURL(r); err != nil {
-			return config.Errf(fmt.Sprintf("%s[%d]", key("cluster.routes"), i), "%v", err)
-		}
-	}
-	return nil
 }
 
 // routeURL accepts host:port or a nats-route:// URL.
@@ -191,35 +200,34 @@ func (c *Config) Defaults() {
 	}
 }
 
-// Validate checks the config; key names are relative to the bus section.
+// Validate checks the config, reporting every key that is wrong; key names
+// are relative to the bus section.
 func (c *Config) Validate() error {
+	var errs []error
 	if (c.URL == "") == (c.Embedded == nil) {
-		return config.Errf("bus", "set exactly one of bus.url or bus.embedded")
+		errs = append(errs, config.Errf("bus", "set exactly one of bus.url or bus.embedded"))
 	}
 	if c.Embedded != nil {
-		if err := c.Embedded.Validate("bus.embedded"); err != nil {
-			return err
-		}
+		errs = append(errs, c.Embedded.Validate("bus.embedded"))
 	}
 	if c.Creds != "" && c.NKeySeed != "" {
-		return config.Errf("bus.creds", "set bus.creds or bus.nkey_seed, not both")
+		errs = append(errs, config.Errf("bus.creds", "set bus.creds or bus.nkey_seed, not both"))
 	}
 	if (c.TLS.Cert == "") != (c.TLS.Key == "") {
-		return config.Errf("bus.tls", "cert and key go together")
+		errs = append(errs, config.Errf("bus.tls", "cert and key go together"))
 	}
-	if err := c.validateLeaders(); err != nil {
-		return err
-	}
+	errs = append(errs, c.validateLeaders())
 	if c.Replicas < 0 || c.Replicas > 5 {
-		return config.Errf("bus.replicas", "must be 1..5, got %d", c.Replicas)
+		errs = append(errs, config.Errf("bus.replicas", "must be 1..5, got %d", c.Replicas))
 	}
-	if err := c.validateBounds(); err != nil {
-		return err
+	errs = append(errs, c.validateBounds(), c.Limits.validate())
+	// The URLs must parse before their hosts can be judged.
+	if urlsErr := c.validateURLs(); urlsErr != nil {
+		errs = append(errs, urlsErr)
+	} else {
+		errs = append(errs, c.checkSecure())
 	}
-	if err := c.Limits.validate(); err != nil {
-		return err
-	}
-	return c.checkSecure()
+	return config.Join(errs...)
 }
 
 // Bounds of the bus keys (README "bus" table). A negative max age made
@@ -239,18 +247,26 @@ func (c *Config) validateBounds() error {
 	if c.URL == "" {
 		urls = nil
 	}
-	errs := []error{
+	return config.Join(
 		config.DurationOrZero("bus.events_max_age", c.EventsMaxAge.D(), MinEventsMaxAge, MaxEventsMaxAge),
 		config.DurationOrZero("bus.ping_interval", c.PingInterval.D(), MinPingInterval, MaxPingInterval),
 		config.CountIn("bus.url", len(urls), 0, MaxServers),
 		config.CountIn("bus.leader_servers", len(c.LeaderServers), 0, MaxServers),
+	)
+}
+
+// validateURLs checks each server of bus.url.
+func (c *Config) validateURLs() error {
+	if c.URL == "" {
+		return nil
 	}
-	for i, u := range urls {
+	var errs []error
+	for i, u := range strings.Split(c.URL, ",") {
 		if _, err := serverURL(strings.TrimSpace(u)); err != nil {
 			errs = append(errs, config.Errf(fmt.Sprintf("bus.url[%d]", i), "%v", err))
 		}
 	}
-	return config.First(errs...)
+	return config.Join(errs...)
 }
 
 // serverURL accepts what nats.go dials: host:port or scheme://host[:port].
@@ -528,6 +544,33 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 	if err := os.MkdirAll(e.StoreDir, 0o750); err != nil {
 		return nil, fmt.Errorf("embedded nats store %s: %w", e.StoreDir, err)
 	}
+	opts, err := serverOptions(e)
+	if err != nil {
+		return nil, err
+	}
+	if err := checkListeners(opts, e.InsecureLab); err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	srv, err := server.NewServer(opts)
+	if err != nil {
+		return nil, fmt.Errorf("embedded nats: %w", err)
+	}
+	notice := slog.LevelDebug
+	if e.LogNotices {
+		notice = slog.LevelInfo
+	}
+	srv.SetLoggerV2(serverLogger{l: log.With("component", "nats-server"), notice: notice}, false, false, false)
+	go srv.Start()
+	if !srv.ReadyForConnections(10 * time.Second) {
+		srv.Shutdown()
+		return nil, errors.New("embedded nats: not ready after 10s")
+	}
+	return srv, nil
+}
+
+// serverOptions are the nats-server options e asks for: its server
+// configuration file, then its own keys over it.
+func serverOptions(e Embedded) (*server.Options, error) {
 	// The server config file, if any, is read into empty options (it may
 	// set what Embedded sets, which the parser would call a duplicate);
 	// the keys of Embedded then win over it.
@@ -582,24 +625,7 @@ func StartEmbedded(e Embedded, log *slog.Logger) (*server.Server, error) {
 	if opts.Cluster.Port != 0 && opts.Cluster.PingInterval == 0 {
 		opts.Cluster.PingInterval, opts.Cluster.MaxPingsOut = routePingInterval, 2
 	}
-	if err := checkListeners(opts, e.InsecureLab); err != nil {
-		return nil, fmt.Errorf("embedded nats: %w", err)
-	}
-	srv, err := server.NewServer(opts)
-	if err != nil {
-		return nil, fmt.Errorf("embedded nats: %w", err)
-	}
-	notice := slog.LevelDebug
-	if e.LogNotices {
-		notice = slog.LevelInfo
-	}
-	srv.SetLoggerV2(serverLogger{l: log.With("component", "nats-server"), notice: notice}, false, false, false)
-	go srv.Start()
-	if !srv.ReadyForConnections(10 * time.Second) {
-		srv.Shutdown()
-		return nil, errors.New("embedded nats: not ready after 10s")
-	}
-	return srv, nil
+	return opts, nil
 }
 
 // serverLogger adapts nats-server's logger to slog. Fatalf must not exit the

@@ -61,7 +61,7 @@ func (l *Limits) validate() error {
 		}
 		return config.IntIn(key, v, lo, hi)
 	}
-	return config.First(
+	return config.Join(
 		orZero("bus.limits.events_mib", l.EventsMiB, 64, 1<<20),
 		orZero("bus.limits.live_mib", l.LiveMiB, 16, 1<<16),
 		orZero("bus.limits.commands_mib", l.CommandsMiB, 16, 1<<16),

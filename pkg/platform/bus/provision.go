@@ -144,6 +144,57 @@ func (b *Bus) Provision(ctx context.Context) error {
 	})
 }
 
+// AwaitProvisioned waits until fan's streams and the state bucket exist,
+// creating nothing: what a service does on a bus with permissions, where
+// only the admin may create them (`fanctl provision`). It looks every
+// 250 ms while they are missing, so a service started before the admin
+// provisioned is ready within a moment of it, and says once in a while
+// what it waits for.
+func (b *Bus) AwaitProvisioned(ctx context.Context) error {
+	backoff, said := 250*time.Millisecond, time.Time{}
+	for {
+		attempt, cancel := context.WithTimeout(ctx, 5*time.Second)
+		missing, err := b.missingStreams(attempt)
+		cancel()
+		switch {
+		case err == nil && len(missing) == 0:
+			return nil
+		case err == nil:
+			backoff = 250 * time.Millisecond
+			if time.Since(said) > 10*time.Second {
+				b.log.Warn("the bus is not provisioned yet: waiting for fanctl provision (the admin's bundle)", "missing", missing)
+				said = time.Now()
+			}
+		default:
+			b.log.Warn("looking up fan's streams failed, retrying", "err", err, "retry_in", backoff)
+			backoff = min(backoff*2, 2*time.Second)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for fan's streams: %w (last: missing %v, %v)", ctx.Err(), missing, err)
+		case <-time.After(backoff):
+		}
+	}
+}
+
+// missingStreams names the streams and the bucket that do not exist.
+func (b *Bus) missingStreams(ctx context.Context) ([]string, error) {
+	var missing []string
+	for _, name := range []string{CommandsStream, EventsStream, LiveStream} {
+		if _, err := b.JS.Stream(ctx, name); errors.Is(err, jetstream.ErrStreamNotFound) {
+			missing = append(missing, name)
+		} else if err != nil {
+			return nil, fmt.Errorf("stream %s: %w", name, err)
+		}
+	}
+	if _, err := b.JS.KeyValue(ctx, StateBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
+		missing = append(missing, StateBucket)
+	} else if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", StateBucket, err)
+	}
+	return missing, nil
+}
+
 func (b *Bus) ensureStream(ctx context.Context, want jetstream.StreamConfig) error {
 	// Look before creating: on a bus with permissions only the admin
 	// identity may create (`fanctl provision`), and a service finding the

@@ -76,11 +76,13 @@ func loopbackHost(host string) bool {
 }
 
 // checkListeners refuses to start a server whose client or route listener is
-// reachable from other machines without authentication and TLS.
+// reachable from other machines without authentication and TLS. It names
+// each listener that is wrong (errors.Join), the client's first.
 func checkListeners(o *server.Options, insecureLab bool) error {
 	if insecureLab {
 		return nil
 	}
+	var errs []error
 	if !o.DontListen && !loopbackHost(o.Host) {
 		var missing []string
 		if !hasClientAuth(o) {
@@ -90,18 +92,28 @@ func checkListeners(o *server.Options, insecureLab bool) error {
 			missing = append(missing, "TLS")
 		}
 		if len(missing) > 0 {
-			return fmt.Errorf("%w: nats client listener %s is not loopback and has no %s; give a server configuration "+
+			errs = append(errs, &listenerError{route: false, err: fmt.Errorf("%w: nats client listener %s is not loopback and has no %s; give a server configuration "+
 				"with authorization and tls blocks (fanctl nats-config writes one), or the insecure-lab flag for a throwaway lab",
-				ErrInsecure, net.JoinHostPort(o.Host, fmt.Sprint(o.Port)), strings.Join(missing, " and "))
+				ErrInsecure, net.JoinHostPort(o.Host, fmt.Sprint(o.Port)), strings.Join(missing, " and "))})
 		}
 	}
 	if o.Cluster.Port != 0 && !loopbackHost(o.Cluster.Host) && o.Cluster.TLSConfig == nil {
-		return fmt.Errorf("%w: nats route listener %s is not loopback and has no TLS; give the cluster block a tls block "+
+		errs = append(errs, &listenerError{route: true, err: fmt.Errorf("%w: nats route listener %s is not loopback and has no TLS; give the cluster block a tls block "+
 			"(verify: true), or the insecure-lab flag for a throwaway lab",
-			ErrInsecure, net.JoinHostPort(o.Cluster.Host, fmt.Sprint(o.Cluster.Port)))
+			ErrInsecure, net.JoinHostPort(o.Cluster.Host, fmt.Sprint(o.Cluster.Port)))})
 	}
-	return nil
+	return errors.Join(errs...)
 }
+
+// listenerError is checkListeners' refusal of one listener: the client's
+// (listen) or the routes' (cluster.listen).
+type listenerError struct {
+	route bool
+	err   error
+}
+
+func (e *listenerError) Error() string { return e.err.Error() }
+func (e *listenerError) Unwrap() error { return e.err }
 
 // hasClientAuth reports whether every client must prove who it is: users,
 // nkeys, a token, an operator's JWTs, or a client certificate. A no_auth_user

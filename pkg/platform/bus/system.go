@@ -19,17 +19,17 @@ type SystemAccount struct {
 }
 
 func (c *Config) validateLeaders() error {
+	var errs []error
 	for i, s := range c.LeaderServers {
 		if s == "" {
-			return config.Errf(fmt.Sprintf("bus.leader_servers[%d]", i), "empty server name")
-		}
-		if slices.Index(c.LeaderServers, s) != i {
-			return config.Errf(fmt.Sprintf("bus.leader_servers[%d]", i), "%q listed twice", s)
+			errs = append(errs, config.Errf(fmt.Sprintf("bus.leader_servers[%d]", i), "empty server name"))
+		} else if slices.Index(c.LeaderServers, s) != i {
+			errs = append(errs, config.Errf(fmt.Sprintf("bus.leader_servers[%d]", i), "%q listed twice", s))
 		}
 	}
 	sys := c.System
 	if sys == nil {
-		return nil
+		return config.Join(errs...)
 	}
 	set := 0
 	for _, v := range []string{sys.Creds, sys.NKeySeed, sys.User} {
@@ -38,15 +38,15 @@ func (c *Config) validateLeaders() error {
 		}
 	}
 	if set != 1 {
-		return config.Errf("bus.system", "set exactly one of creds, nkey_seed or user")
+		errs = append(errs, config.Errf("bus.system", "set exactly one of creds, nkey_seed or user"))
 	}
 	if sys.User != "" && sys.Password == "" {
-		return config.Errf("bus.system.password", "required with bus.system.user")
+		errs = append(errs, config.Errf("bus.system.password", "required with bus.system.user"))
 	}
 	if c.URL == "" {
-		return config.Errf("bus.system", "needs bus.url (an embedded server has no system account user)")
+		errs = append(errs, config.Errf("bus.system", "needs bus.url (an embedded server has no system account user)"))
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 // ConnectSystem opens a connection to the system account on the servers of

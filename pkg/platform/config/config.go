@@ -1,31 +1,41 @@
 // Package config loads the YAML files every fan service reads, strictly:
-// an unknown key, a malformed value or an unreadable file stops start-up with
-// a message that names the file and the key.
+// an unknown key, a malformed value or an unreadable file stops start-up.
+// Every mistake in a file is reported at once, one per line, each with the
+// file, the line and the key's path ("/etc/fan/prober.yaml:23:
+// checks[1].timeout: ..."), in the configuration's words rather than Go's.
 package config
 
 import (
-	"bytes"
-	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"regexp"
 	"strconv"
-	"strings"
 	"time"
 
 	"go.yaml.in/yaml/v3"
 )
 
-// Validator is implemented by config structs that check themselves after loading.
+// Validator is implemented by config structs that check themselves after
+// loading. Validate reports every error it finds (Join), not the first.
 type Validator interface {
 	Validate() error
+}
+
+// HostChecker is implemented by config structs that name things on the
+// host they run on: credential and certificate files, directories, network
+// interfaces. CheckHost checks them for what they are (a seed parses as a
+// seed, a key matches its certificate, an interface exists). It is apart
+// from Validate because a configuration is also validated where its paths
+// are not the host's (tests, fanctl replay); Check runs both.
+type HostChecker interface {
+	CheckHost() error
 }
 
 // Load reads path into dst (a pointer to a struct with yaml tags). Unknown
 // keys are errors: a misspelt "fall" silently ignored would mean a failover
 // policy nobody asked for. dst's existing field values act as defaults.
+// The error, if any, is an *Errors listing every mistake.
 func Load(path string, dst any) error {
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -36,44 +46,45 @@ func Load(path string, dst any) error {
 
 // Parse is Load for bytes already read; name is used in error messages.
 func Parse(name string, b []byte, dst any) error {
-	dec := yaml.NewDecoder(bytes.NewReader(b))
-	dec.KnownFields(true)
-	if err := dec.Decode(dst); err != nil && !errors.Is(err, io.EOF) {
-		return fmt.Errorf("config %s: %w%s", name, err, quoteLine(b, err))
+	_, err := parse(name, b, dst, false)
+	return err
+}
+
+// Check reads path the way -check-config does and a service starts: Load,
+// then, when dst is a HostChecker, the checks of what the file names on
+// this host. err (an *Errors) lists every error, each on its key's line;
+// warnings are lines to print that refuse nothing (a certificate that
+// expires within 30 days).
+func Check(path string, dst any) (warnings []string, err error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("config %s: %w", path, err)
 	}
+	return CheckBytes(path, b, dst)
+}
+
+// CheckBytes is Check for bytes already read; name is used in messages.
+func CheckBytes(name string, b []byte, dst any) (warnings []string, err error) {
+	return parse(name, b, dst, true)
+}
+
+func parse(name string, b []byte, dst any, host bool) ([]string, error) {
+	doc, ok := Decode(name, b, dst)
+	if !ok {
+		return doc.Report()
+	}
+	var errs []error
 	if v, ok := dst.(Validator); ok {
-		if err := v.Validate(); err != nil {
-			return fmt.Errorf("config %s: %w", name, err)
-		}
+		errs = append(errs, v.Validate())
 	}
-	return nil
+	if h, ok := dst.(HostChecker); ok && host {
+		errs = append(errs, h.CheckHost())
+	}
+	return doc.Report(errs...)
 }
 
-var linePattern = regexp.MustCompile(`line (\d+)`)
-
-// quoteLine shows the offending source line, because YAML errors from
-// custom types know the line but not the key.
-func quoteLine(src []byte, err error) string {
-	m := linePattern.FindStringSubmatch(err.Error())
-	if m == nil {
-		return ""
-	}
-	n, _ := strconv.Atoi(m[1])
-	lines := strings.Split(string(src), "\n")
-	if n < 1 || n > len(lines) {
-		return ""
-	}
-	line := strings.TrimSpace(lines[n-1])
-	// The error goes to stderr and the journal: a misspelt "secert:" must
-	// not print the secret with it. An unknown key's value says nothing
-	// about the error anyway; a credential's is never shown.
-	if k, _, ok := strings.Cut(line, ":"); ok && (credentialKey.MatchString(k) || strings.Contains(err.Error(), "not found in type")) {
-		line = k + ": REDACTED"
-	}
-	return fmt.Sprintf(" (at %q)", line)
-}
-
-// credentialKey matches the names of keys whose values are credentials.
+// credentialKey matches the names of keys whose values are credentials:
+// no message shows such a value.
 var credentialKey = regexp.MustCompile(`(?i)(secret|pass|token|credential|seed|key)`)
 
 // Duration is a time.Duration written as "200ms", "5s" or "1h" in YAML.
@@ -85,15 +96,24 @@ func (d Duration) D() time.Duration { return time.Duration(d) }
 func (d Duration) String() string { return time.Duration(d).String() }
 
 // UnmarshalYAML accepts Go duration strings; bare numbers are refused because
-// "interval: 200" is ambiguous between milliseconds and seconds.
+// "interval: 200" is ambiguous between milliseconds and seconds. A refusal
+// is a *yaml.TypeError, so the rest of the file is still read.
 func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
-	var s string
-	if err := n.Decode(&s); err != nil {
-		return fmt.Errorf("line %d: duration must be a string like \"200ms\": %w", n.Line, err)
+	refuse := func(format string, args ...any) error {
+		return &yaml.TypeError{Errors: []string{fmt.Sprintf("line %d: ", n.Line) + fmt.Sprintf(format, args...)}}
 	}
-	v, err := time.ParseDuration(s)
+	switch n.Kind {
+	case yaml.MappingNode:
+		return refuse(`want a duration such as "200ms", "5s" or "1h", got a mapping`)
+	case yaml.SequenceNode:
+		return refuse(`want a duration such as "200ms", "5s" or "1h", got a list`)
+	}
+	if tag := n.ShortTag(); tag == "!!int" || tag == "!!float" {
+		return refuse(`want a duration with its unit, such as "200ms" or "5s" (a bare number could mean either), got %s`, n.Value)
+	}
+	v, err := time.ParseDuration(n.Value)
 	if err != nil {
-		return fmt.Errorf("line %d: %w", n.Line, err)
+		return refuse(`want a duration such as "200ms", "5s" or "1h", got %q`, n.Value)
 	}
 	*d = Duration(v)
 	return nil
@@ -101,20 +121,6 @@ func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
 
 // MarshalYAML writes the duration back in the same form.
 func (d Duration) MarshalYAML() (any, error) { return time.Duration(d).String(), nil }
-
-// FieldError names the key that is wrong, so messages read "bus.url: ...".
-type FieldError struct {
-	Key string
-	Err error
-}
-
-func (e *FieldError) Error() string { return e.Key + ": " + e.Err.Error() }
-func (e *FieldError) Unwrap() error { return e.Err }
-
-// Errf builds a FieldError.
-func Errf(key, format string, args ...any) error {
-	return &FieldError{Key: key, Err: fmt.Errorf(format, args...)}
-}
 
 // Bounds are checked where a value enters, by these helpers, so every
 // refusal names its key and the range the README documents for it.
@@ -170,17 +176,6 @@ func HostPort(key, v string, allowZero bool) error {
 	n, err := strconv.ParseUint(p, 10, 16)
 	if err != nil || (n == 0 && !allowZero) {
 		return Errf(key, "port %q must be a number in 1..65535", p)
-	}
-	return nil
-}
-
-// First returns the first non-nil error: keys are checked in file order
-// and the first one wrong is the one to fix.
-func First(errs ...error) error {
-	for _, err := range errs {
-		if err != nil {
-			return err
-		}
 	}
 	return nil
 }

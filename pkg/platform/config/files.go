@@ -7,14 +7,15 @@ import (
 	"path/filepath"
 )
 
-// Files a configuration names are checked where the configuration is
-// validated, like its bounds, so `-check-config` (every unit's
-// ExecStartPre) refuses a missing credential, certificate or state
-// directory by its key, before the service starts and fails later with a
-// less helpful error. An empty path is an unset key: nothing to check.
+// Files a configuration names are checked on the host (HostChecker), so
+// `-check-config` (every unit's ExecStartPre) refuses a missing or empty
+// credential, certificate or state directory by its key, before the
+// service starts and fails later with a less helpful error. An empty path
+// is an unset key: nothing to check.
 
 // FileReadable requires path to be a regular file this process can open
-// for reading (a credential, a certificate, a key).
+// for reading, and not empty (a credential, a certificate, a key, a
+// program).
 func FileReadable(key, path string) error {
 	if path == "" {
 		return nil
@@ -25,6 +26,9 @@ func FileReadable(key, path string) error {
 	}
 	if !st.Mode().IsRegular() {
 		return Errf(key, "%s is not a regular file", path)
+	}
+	if st.Size() == 0 {
+		return Errf(key, "%s is empty", path)
 	}
 	f, err := os.Open(path)
 	if err != nil {

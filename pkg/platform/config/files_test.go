@@ -15,6 +15,10 @@ func TestFileChecks(t *testing.T) {
 		t.Fatal(err)
 	}
 	missing := filepath.Join(dir, "nope", "ca.pem")
+	empty := filepath.Join(dir, "empty.pem")
+	if err := os.WriteFile(empty, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
 	for _, c := range []struct {
 		name string
 		err  error
@@ -24,6 +28,7 @@ func TestFileChecks(t *testing.T) {
 		{"unset", FileReadable("bus.nkey_seed", ""), ""},
 		{"missing file", FileReadable("bus.tls.ca", missing), "bus.tls.ca: " + missing + ": no such file or directory"},
 		{"directory as file", FileReadable("bus.creds", dir), "bus.creds: " + dir + " is not a regular file"},
+		{"zero-byte file", FileReadable("bus.tls.cert", empty), "bus.tls.cert: " + empty + " is empty"},
 		{"directory", DirExists("state_dir", dir), ""},
 		{"missing directory", DirExists("trees[0].path", filepath.Join(dir, "x")), "trees[0].path: " + filepath.Join(dir, "x") + ": no such file or directory"},
 		{"file as directory", DirExists("state_dir", file), "state_dir: " + file + " is not a directory"},
@@ -44,7 +49,7 @@ func TestFileChecks(t *testing.T) {
 	}
 	if os.Geteuid() != 0 {
 		unreadable := filepath.Join(dir, "key.pem")
-		if err := os.WriteFile(unreadable, nil, 0o000); err != nil {
+		if err := os.WriteFile(unreadable, []byte("x"), 0o000); err != nil {
 			t.Fatal(err)
 		}
 		if err := FileReadable("bus.tls.key", unreadable); err == nil || !strings.Contains(err.Error(), "permission denied") {

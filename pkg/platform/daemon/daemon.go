@@ -20,6 +20,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/config"
 )
 
 // Service is what a fan binary runs until ctx ends.
@@ -32,19 +34,57 @@ type Options struct {
 	ConfigPath string
 	Logger     *slog.Logger
 	Version    string
+	// Warn is told each warning about the configuration (a certificate
+	// that expires soon): -check-config prints it, a service logs it. Nil
+	// logs it on Logger.
+	Warn func(warning string)
+	// SkipHostChecks leaves out the checks of what the file names on this
+	// host (config.HostChecker), for -release-all: what the node holds is
+	// released even when a certificate has expired or an interface is gone.
+	SkipHostChecks bool
 }
 
 // Builder loads the configuration at opts.ConfigPath and builds the service
-// without starting anything, so --check-config can use it too.
+// without starting anything, so --check-config can use it too. A Builder
+// reads the file with LoadConfig, so that -check-config and the service's
+// start check the same things and report them the same way.
 type Builder func(opts Options) (Service, error)
+
+// LoadConfig reads a service's configuration file into dst (a pointer to
+// the service's Config) as -check-config checks it and as the service
+// starts: strictly, then Validate, then (config.HostChecker) what the file
+// names on this host. The error lists every mistake, one per line, each
+// with the file, the line and the key (a *config.Errors); warnings go to
+// o.Warn.
+func LoadConfig(o Options, dst any) error {
+	if o.SkipHostChecks {
+		return config.Load(o.ConfigPath, dst)
+	}
+	warnings, err := config.Check(o.ConfigPath, dst)
+	o.Warnings(warnings)
+	return err
+}
+
+// Warnings hands each warning to o.Warn (or logs it).
+func (o Options) Warnings(warnings []string) {
+	for _, w := range warnings {
+		switch {
+		case o.Warn != nil:
+			o.Warn(w)
+		case o.Logger != nil:
+			o.Logger.Warn("configuration warning", "warning", w)
+		}
+	}
+}
 
 // Commit is the commit a release binary was built from; the Makefile sets it
 // (-X) next to main.version. Empty in a plain `go build`.
 var Commit string
 
 // VersionLine is what --version prints: the name, the release version
-// (v0.1.0, or git describe's v0.1.0-3-gabc1234 between tags), the commit and
-// the Go toolchain, so a bug report names exactly what ran.
+// (0.2.0 at a release, 0.2.1~dev.5.abc1234 between releases: DEVELOPING.md,
+// "Versions and releases"), the commit and the Go toolchain, so a bug report
+// names exactly what ran.
 func VersionLine(name, version string) string {
 	commit := Commit
 	if commit == "" {
@@ -62,30 +102,51 @@ func Run(args []string, name, version, defaultConfig string, build Builder) int 
 	showVersion := fs.Bool("version", false, "print the version and exit")
 	level := fs.String("log-level", envOr("FAN_LOG_LEVEL", "info"), "debug, info, warn or error")
 	format := fs.String("log-format", envOr("FAN_LOG_FORMAT", "json"), "json or text")
-	if err := fs.Parse(args); err != nil {
+	fs.SetOutput(stderr)
+	rest, err := ParseFlags(fs, args)
+	if err != nil {
 		return 2
 	}
 	if *showVersion {
-		fmt.Fprintln(os.Stdout, VersionLine(name, version))
+		fmt.Fprintln(stdout, VersionLine(name, version))
 		return 0
 	}
-	if *check && fs.NArg() == 1 {
-		*cfgPath = fs.Arg(0)
-	}
-	log, err := NewLogger(os.Stderr, *level, *format)
+	path, err := ConfigPath(fs, *cfgPath, *check, rest)
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
+		return 2
+	}
+	*cfgPath = path
+	log, err := NewLogger(stderr, *level, *format)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	}
 	log = log.With("service", name)
 
-	svc, err := build(Options{ConfigPath: *cfgPath, Logger: log, Version: version})
+	warnings := 0
+	warn := func(w string) {
+		warnings++
+		log.Warn("configuration warning", "warning", w)
+	}
+	if *check {
+		warn = func(w string) {
+			warnings++
+			fmt.Fprintf(stderr, "warning: %s\n", w)
+		}
+	}
+	svc, err := build(Options{ConfigPath: *cfgPath, Logger: log, Version: version, Warn: warn, SkipHostChecks: *release})
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+		PrintConfigError(stderr, name, *cfgPath, err)
 		return 1
 	}
 	if *check {
-		fmt.Fprintf(os.Stdout, "%s: configuration %s is valid\n", name, *cfgPath)
+		switch warnings {
+		case 0:
+			fmt.Fprintf(stdout, "%s: configuration %s is valid\n", name, *cfgPath)
+		default:
+			fmt.Fprintf(stdout, "%s: configuration %s is valid, with %d %s (above)\n", name, *cfgPath, warnings, plural(warnings, "warning"))
+		}
 		return 0
 	}
 	if *release {
@@ -113,7 +174,7 @@ func Run(args []string, name, version, defaultConfig string, build Builder) int 
 			case <-ctx.Done():
 				return
 			case <-hup:
-				sup.reload(ctx, svc, build, Options{ConfigPath: *cfgPath, Logger: log, Version: version})
+				sup.reload(ctx, svc, build, Options{ConfigPath: *cfgPath, Logger: log, Version: version, Warn: warn})
 			}
 		}
 	}()
@@ -127,6 +188,73 @@ func Run(args []string, name, version, defaultConfig string, build Builder) int 
 	}
 	log.Info("stopped")
 	return 0
+}
+
+// stdout and stderr are where Run prints (tests replace them).
+var stdout, stderr io.Writer = os.Stdout, os.Stderr
+
+// ParseFlags parses args with fs, flags before and after the positional
+// arguments alike, and returns the positional ones; everything after "--"
+// is positional. The flag package alone stops at the first positional
+// argument: in "-check-config new.yaml -log-level debug" the path would
+// end the flags, and what follows it would be left unread.
+func ParseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if i := len(args) - len(rest) - 1; i >= 0 && args[i] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// ConfigPath is the configuration file a command line names: -config's
+// value, or, with -check-config, the one path given after it ("-check-config
+// PATH", in any position). Any other positional argument is refused, named.
+// fs must have been parsed; configFlag is -config's value.
+func ConfigPath(fs *flag.FlagSet, configFlag string, check bool, positional []string) (string, error) {
+	if len(positional) == 0 {
+		return configFlag, nil
+	}
+	explicit := false
+	fs.Visit(func(f *flag.Flag) { explicit = explicit || f.Name == "config" })
+	switch {
+	case !check:
+		return "", fmt.Errorf("unexpected argument %q (the configuration file is given with -config FILE, or checked with -check-config FILE)", positional[0])
+	case len(positional) > 1:
+		return "", fmt.Errorf("unexpected argument %q (-check-config checks one file, here %q)", positional[1], positional[0])
+	case explicit && positional[0] != configFlag:
+		return "", fmt.Errorf("unexpected argument %q (-config already names %s)", positional[0], configFlag)
+	}
+	return positional[0], nil
+}
+
+// PrintConfigError prints why a configuration was refused: each error of
+// a *config.Errors on a line of its own ("file:line: key: what is wrong"),
+// then how many there were; any other error on one line after the name.
+func PrintConfigError(w io.Writer, name, path string, err error) {
+	errs, ok := err.(*config.Errors)
+	if !ok {
+		fmt.Fprintf(w, "%s: %v\n", name, err)
+		return
+	}
+	fmt.Fprintln(w, errs.Error())
+	fmt.Fprintf(w, "%s: configuration %s refused: %d %s\n", name, path, errs.Len(), plural(errs.Len(), "error"))
+}
+
+func plural(n int, word string) string {
+	if n == 1 {
+		return word
+	}
+	return word + "s"
 }
 
 // NewLogger builds the slog logger fan services use.
@@ -168,7 +296,7 @@ const releaseTimeout = 10 * time.Second
 func releaseAll(svc Service, name string, log *slog.Logger) int {
 	r, ok := svc.(Releaser)
 	if !ok {
-		fmt.Fprintf(os.Stderr, "%s: -release-all: this service holds no node resources\n", name)
+		fmt.Fprintf(stderr, "%s: -release-all: this service holds no node resources\n", name)
 		return 2
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)

@@ -283,10 +283,8 @@ func TestVersionLine(t *testing.T) {
 // bus section names must be there; the error names the key.
 func TestCommonRefusesMissingBusFiles(t *testing.T) {
 	dir := t.TempDir()
-	seed := filepath.Join(dir, "svc.nk")
-	if err := os.WriteFile(seed, []byte("x"), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	seed := writeUserSeed(t, dir, "svc.nk")
+	certPath, keyPath := writeCertPair(t, dir, "svc", time.Now().Add(365*24*time.Hour))
 	base := func() Common {
 		return Common{Cluster: "lab", Node: "n1"}
 	}
@@ -302,8 +300,8 @@ func TestCommonRefusesMissingBusFiles(t *testing.T) {
 		"bus.nkey_seed":        func(c *Common, p string) { c.Bus.NKeySeed = p },
 		"bus.creds":            func(c *Common, p string) { c.Bus.Creds = p },
 		"bus.tls.ca":           func(c *Common, p string) { c.Bus.TLS.CA = p },
-		"bus.tls.cert":         func(c *Common, p string) { c.Bus.TLS.Cert, c.Bus.TLS.Key = p, seed },
-		"bus.tls.key":          func(c *Common, p string) { c.Bus.TLS.Cert, c.Bus.TLS.Key = seed, p },
+		"bus.tls.cert":         func(c *Common, p string) { c.Bus.TLS.Cert, c.Bus.TLS.Key = p, keyPath },
+		"bus.tls.key":          func(c *Common, p string) { c.Bus.TLS.Cert, c.Bus.TLS.Key = certPath, p },
 		"bus.system.nkey_seed": func(c *Common, p string) { c.Bus.System = &bus.SystemAccount{NKeySeed: p} },
 	} {
 		c := base()
@@ -314,7 +312,7 @@ func TestCommonRefusesMissingBusFiles(t *testing.T) {
 			t.Fatalf("%s: %v", key, err)
 		}
 		err := c.CheckFiles()
-		if err == nil || !strings.HasPrefix(err.Error(), key+": "+missing+": no such file") {
+		if err == nil || !hasLine(err, key+": "+missing+": no such file") {
 			t.Errorf("%s missing: %v", key, err)
 		}
 	}

@@ -38,53 +38,66 @@ const (
 	MaxShutdownTimeout = 5 * time.Minute
 )
 
-// Validate checks the common keys.
+// Validate checks the common keys, reporting every one that is wrong.
 func (c *Common) Validate() error {
+	var errs []error
 	if err := events.ValidToken("cluster", c.Cluster); err != nil {
-		return &config.FieldError{Key: "cluster", Err: err}
+		errs = append(errs, &config.FieldError{Key: "cluster", Err: err})
 	}
 	if err := events.ValidToken("node", c.Node); err != nil {
-		return &config.FieldError{Key: "node", Err: err}
+		errs = append(errs, &config.FieldError{Key: "node", Err: err})
 	}
 	c.Bus.Defaults()
-	if err := c.Bus.Validate(); err != nil {
-		return err
-	}
+	errs = append(errs, c.Bus.Validate())
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = config.Duration(10 * time.Second)
 	}
 	// Half of it bounds the outbox drain: below 100ms nothing drains, and
 	// systemd's own stop timeout (90 s by default) should stay the longer.
-	if err := config.DurationIn("shutdown_timeout", c.ShutdownTimeout.D(), MinShutdownTimeout, MaxShutdownTimeout); err != nil {
-		return err
-	}
+	errs = append(errs, config.DurationIn("shutdown_timeout", c.ShutdownTimeout.D(), MinShutdownTimeout, MaxShutdownTimeout))
 	if c.HTTPListen != "" {
-		return config.HostPort("http_listen", c.HTTPListen, true)
+		errs = append(errs, config.HostPort("http_listen", c.HTTPListen, true))
 	}
-	return nil
+	return config.Join(errs...)
+}
+
+// CheckHost checks what the common keys name on this host (config.HostChecker,
+// which every service's Config has through Common): the bus's credential and
+// certificate files (CheckFiles), the addresses http_listen and an embedded
+// server listen on, and an embedded server's configuration file.
+func (c *Common) CheckHost() error {
+	errs := []error{c.CheckFiles()}
+	if c.HTTPListen != "" {
+		errs = append(errs, config.ListenLocal("http_listen", c.HTTPListen))
+	}
+	if e := c.Bus.Embedded; e != nil {
+		errs = append(errs, e.CheckHost("bus.embedded"))
+	}
+	return config.Join(errs...)
 }
 
 // CheckFiles requires every credential and certificate the bus section
-// names to be there and readable, so -check-config refuses a missing one by
-// its key instead of the service failing to connect after it started. Each
-// service's Build calls it, not Validate: a configuration is also validated
-// where its paths are not this host's (tests, fanctl replay).
+// names to be there and to be what its key says: an nkey seed a user's
+// seed, a creds file a user's JWT and seed, certificates PEM and valid now
+// (expiring within 30 days is a warning), the key the certificate's. So
+// -check-config refuses a missing or broken one by its key instead of the
+// service failing to connect after it started. It is not part of Validate:
+// a configuration is also validated where its paths are not this host's
+// (tests, fanctl replay).
 func (c *Common) CheckFiles() error {
 	b := c.Bus
-	files := []struct{ key, path string }{
-		{"bus.creds", b.Creds}, {"bus.nkey_seed", b.NKeySeed},
-		{"bus.tls.ca", b.TLS.CA}, {"bus.tls.cert", b.TLS.Cert}, {"bus.tls.key", b.TLS.Key},
+	errs := []error{
+		config.CredsFile("bus.creds", b.Creds),
+		config.NKeySeedFile("bus.nkey_seed", b.NKeySeed),
+		config.CAFile("bus.tls.ca", b.TLS.CA),
+		config.KeyPairFiles("bus.tls.cert", b.TLS.Cert, "bus.tls.key", b.TLS.Key),
 	}
 	if b.System != nil {
-		files = append(files, struct{ key, path string }{"bus.system.creds", b.System.Creds},
-			struct{ key, path string }{"bus.system.nkey_seed", b.System.NKeySeed})
+		errs = append(errs,
+			config.CredsFile("bus.system.creds", b.System.Creds),
+			config.NKeySeedFile("bus.system.nkey_seed", b.System.NKeySeed))
 	}
-	for _, f := range files {
-		if err := config.FileReadable(f.key, f.path); err != nil {
-			return err
-		}
-	}
-	return nil
+	return config.Join(errs...)
 }
 
 // ConditionOutboxFull is raised while the runtime's outbox is at its cap
@@ -103,15 +116,19 @@ type Runtime struct {
 	// Conditions are raised by any part of the service that cannot do its
 	// whole job; /healthz fails while one is raised.
 	Conditions *Conditions
-	common     Common
-	service    string
-	version    string
-	ready      atomic.Bool
-	http       *http.Server
-	sup        *supervisor
-	micro      micro.Service
-	started    time.Time
-	announced  time.Time
+	// Certs exports the expiry of the certificates the service depends on:
+	// the bus's CA and client certificate from the start; a service adds
+	// its own (the arbiter's HTTP heartbeat certificate).
+	Certs     *CertExpiry
+	common    Common
+	service   string
+	version   string
+	ready     atomic.Bool
+	http      *http.Server
+	sup       *supervisor
+	micro     micro.Service
+	started   time.Time
+	announced time.Time
 }
 
 // Start connects to the bus, provisions fan's streams, serves /metrics and
@@ -125,8 +142,9 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 		ConstLabels: prometheus.Labels{"service": service, "node": c.Node, "cluster": c.Cluster, "version": version},
 	})
 	build.Set(1)
+	rt.Certs = NewCertExpiry(BusCertFiles(c.Bus)...)
 	rt.Metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
-		build, rt.sup.reloads, rt.sup.pings, newLoopCollector(rt.sup), newConditionCollector(rt.Conditions))
+		build, rt.sup.reloads, rt.sup.pings, newLoopCollector(rt.sup), newConditionCollector(rt.Conditions), rt.Certs)
 	rt.sup.send("STATUS=connecting to the bus")
 	if c.HTTPListen != "" {
 		if err := rt.serveHTTP(c.HTTPListen); err != nil {
@@ -140,7 +158,14 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 	}
 	rt.Bus = b
 	rt.Metrics.MustRegister(b.Refusals())
-	if err := b.Provision(ctx); err != nil {
+	// A service with an identity is on a bus with permissions, where only
+	// the admin creates the streams: it waits for them. Without one (a lab,
+	// an embedded bus) it creates what is missing.
+	provision := b.Provision
+	if c.Bus.HasIdentity() {
+		provision = b.AwaitProvisioned
+	}
+	if err := provision(ctx); err != nil {
 		b.Close()
 		rt.stopHTTP()
 		return nil, err

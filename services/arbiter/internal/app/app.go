@@ -21,7 +21,6 @@ import (
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
-	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
 	"github.com/fanpbx/fan/services/arbiter/internal/lease"
@@ -90,14 +89,8 @@ type Service struct {
 // Build loads and validates the configuration; it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
 	var cfg Config
-	if err := config.Load(o.ConfigPath, &cfg); err != nil {
+	if err := daemon.LoadConfig(o, &cfg); err != nil {
 		return nil, err
-	}
-	if err := cfg.CheckFiles(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
-	}
-	if err := cfg.Notify.CheckFiles(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	s, err := New(cfg, o.Logger, o.Version)
 	if err != nil {
@@ -167,10 +160,25 @@ func (s *Service) Run(ctx context.Context) error {
 		go func(ctx context.Context) { s.announcePresence(ctx, rt.Bus); close(presenceDone) }(ctx)
 		defer func() { <-presenceDone }()
 		s.lease = l
-		defer s.runSteward(ctx, rt)()
-		defer s.runUsage(ctx, rt)()
+		replicas := newReplicaPresence(s.cfg.Replicas, time.Now)
+		stopReplicas, err := s.watchReplicas(rt.Bus, replicas)
+		if err != nil {
+			return fmt.Errorf("subscribe to arbiter presence: %w", err)
+		}
+		defer stopReplicas()
+		_ = rt.Metrics.Register(replicas)
+		// The system account (bus.system) serves the steward (the meta
+		// leader's step-down) and the usage report (the meta group's
+		// peers, the servers' certificates); closed after both stopped.
+		sys := s.connectSystem()
+		if sys != nil {
+			defer sys.Close()
+		}
+		defer s.runSteward(ctx, rt, sys)()
+		defer s.runUsage(ctx, rt, sys)()
 		s.reg = registry.New(kv, s.cfg.Cluster, s.cfg.Registry.OfflineAfter.D(), rt.Outbox.Emit, s.log)
 		if hh := s.cfg.HTTPHeartbeat; hh.Listen != "" {
+			rt.Certs.Add(daemon.CertFile{Role: "http_heartbeat", Path: hh.TLS.Cert})
 			stop, err := s.serveHeartbeats(hh, rt.Bus.Emit, rt.Metrics)
 			if err != nil {
 				return err

@@ -59,6 +59,10 @@ func TestConfigBounds(t *testing.T) {
 		{Key: "registry.offline_after", Value: "-1s"},
 		{Key: "registry.offline_after", Value: "100000h"},
 		{Key: "registry.sweep_every", Value: "-1s"},
+		{Key: "replicas", Value: manyReplicas(maxReplicas + 1)},
+		{Key: "replicas", Value: []any{"ctl2", "n1"}},
+		{Key: "replicas", Value: []any{"ctl1", "ctl1"}, Want: "replicas[1]"},
+		{Key: "replicas", Value: []any{"ctl1", "n.1"}, Want: "replicas[1]"},
 		{Key: "groups[0].addresses", Value: []any{"198.51.100.10"}},
 		{Key: "groups[0].failback.stable_for", Value: "-1s"},
 		{Key: "groups[0].failback.force_before", Value: "100000h"},
@@ -155,5 +159,26 @@ func TestGroupCountBounds(t *testing.T) {
 		if !errors.As(err, &fe) || fe.Key != "groups" {
 			t.Errorf("too many %s: %v, want refused under key groups", name, err)
 		}
+	}
+}
+
+// manyReplicas is a replicas list of n names, this replica's (ctl1) first.
+func manyReplicas(n int) []any {
+	out := []any{"ctl1"}
+	for i := 2; i <= n; i++ {
+		out = append(out, fmt.Sprintf("ctl%d", i))
+	}
+	return out
+}
+
+// The replicas the shipped shape names, this one's among them, are accepted.
+func TestReplicasAccepted(t *testing.T) {
+	b := strings.Replace(boundsValid, "lease_ttl: 3s\n", "lease_ttl: 3s\nreplicas: [pbx-a, pbx-b, ctl1]\n", 1)
+	var c Config
+	if err := config.Parse("arbiter.yaml", []byte(b), &c); err != nil {
+		t.Fatal(err)
+	}
+	if len(c.Replicas) != 3 {
+		t.Fatalf("replicas %v", c.Replicas)
 	}
 }

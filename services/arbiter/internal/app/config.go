@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -26,7 +27,13 @@ type Config struct {
 	// Standby marks a replica on a PBX host: it campaigns for the lease only
 	// while it hears no replica without it, and hands the lease back once it
 	// has heard one for a while (see "Where the raft leaders live").
-	Standby  bool           `yaml:"standby"`
+	Standby bool `yaml:"standby"`
+	// Replicas names every arbiter replica of the cluster by its node,
+	// this one included: each replica reports which of them it hears
+	// (fan_arbiter_replica_up), so a replica whose process or host is gone
+	// is noticed even by a replica that started after it went. Empty: the
+	// replicas heard since this one started.
+	Replicas []string       `yaml:"replicas"`
 	Groups   []GroupConfig  `yaml:"groups"`
 	Policy   PolicyConfig   `yaml:"policy"`
 	Registry RegistryConfig `yaml:"registry"`
@@ -90,40 +97,42 @@ func (h *HTTPHeartbeatConfig) validate() error {
 	if h.Listen == "" {
 		return nil
 	}
+	var errs []error
 	switch {
 	case h.Token != "" && h.TokenFile != "":
-		return config.Errf("http_heartbeat.token", "set token or token_file, not both")
+		errs = append(errs, config.Errf("http_heartbeat.token", "set token or token_file, not both"))
 	case h.TokenFile != "":
 		b, err := os.ReadFile(h.TokenFile)
 		if err != nil {
-			return &config.FieldError{Key: "http_heartbeat.token_file", Err: err}
+			errs = append(errs, &config.FieldError{Key: "http_heartbeat.token_file", Err: err})
+			break
 		}
 		h.Token = strings.TrimSpace(string(b))
-	}
-	if len(h.Token) < 16 {
-		return config.Errf("http_heartbeat.token", "a bearer token of at least 16 characters is required")
+		fallthrough
+	default:
+		if len(h.Token) < 16 {
+			errs = append(errs, config.Errf("http_heartbeat.token", "a bearer token of at least 16 characters is required"))
+		}
 	}
 	if h.MaxBody == 0 {
 		h.MaxBody = httphb.DefaultMaxBody
 	}
-	if h.MaxBody < 256 {
-		return config.Errf("http_heartbeat.max_body", "at least 256 bytes")
+	if h.MaxBody > 0 && h.MaxBody < 256 { // negative: out of the bounds already
+		errs = append(errs, config.Errf("http_heartbeat.max_body", "at least 256 bytes"))
 	}
 	if h.Interval == 0 {
 		h.Interval = config.Duration(time.Minute)
 	}
 	if len(h.Nodes) == 0 {
-		return config.Errf("http_heartbeat.nodes", "list the nodes that may post heartbeats")
+		errs = append(errs, config.Errf("http_heartbeat.nodes", "list the nodes that may post heartbeats"))
 	}
-	if err := h.validateTLS(); err != nil {
-		return err
-	}
+	errs = append(errs, h.validateTLS())
 	for _, n := range h.Nodes {
 		if err := events.ValidToken("node", n); err != nil {
-			return &config.FieldError{Key: "http_heartbeat.nodes", Err: err}
+			errs = append(errs, &config.FieldError{Key: "http_heartbeat.nodes", Err: err})
 		}
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 // RegistryConfig tunes the node registry.
@@ -213,14 +222,10 @@ type PolicyConfig struct {
 	MaxMovesPerHour int `yaml:"max_moves_per_hour"`
 }
 
-// Validate checks the file after loading and fills defaults.
+// Validate checks the file after loading and fills defaults, reporting
+// every key that is wrong.
 func (c *Config) Validate() error {
-	if err := c.Common.Validate(); err != nil {
-		return err
-	}
-	if err := c.validateBounds(); err != nil {
-		return err
-	}
+	errs := []error{c.Common.Validate(), c.validateBounds()}
 	if c.LeaseTTL == 0 {
 		c.LeaseTTL = config.Duration(3 * time.Second)
 	}
@@ -228,87 +233,107 @@ func (c *Config) Validate() error {
 		c.Policy.TickEvery = config.Duration(defaultTickEvery)
 	}
 	if d := c.Policy.TickEvery.D(); d < 5*time.Millisecond || d > time.Second {
-		return config.Errf("policy.tick_every", "must be between 5ms and 1s, got %v", d)
+		errs = append(errs, config.Errf("policy.tick_every", "must be between 5ms and 1s, got %v", d))
 	}
-	if d := c.LeaseTTL.D(); d < time.Second || d%time.Second != 0 {
-		return config.Errf("lease_ttl", "must be whole seconds, at least 1s (the server's TTL granularity), got %v", d)
+	// Below 1s or above the range, the bounds name lease_ttl already.
+	leaseOK := c.LeaseTTL.D() >= time.Second && c.LeaseTTL.D() <= maxLeaseTTL
+	if d := c.LeaseTTL.D(); leaseOK && d%time.Second != 0 {
+		leaseOK = false
+		errs = append(errs, config.Errf("lease_ttl", "must be whole seconds, at least 1s (the server's TTL granularity), got %v", d))
 	}
 	if c.RestoreWithin == 0 {
 		c.RestoreWithin = config.Duration(c.LeaseTTL.D() / 3)
 	}
-	if d := c.RestoreWithin.D(); d < 200*time.Millisecond || d >= c.LeaseTTL.D() {
-		return config.Errf("restore_within", "must be at least 200ms and below lease_ttl (%v), got %v", c.LeaseTTL.D(), d)
+	if d := c.RestoreWithin.D(); leaseOK && (d < 200*time.Millisecond || d >= c.LeaseTTL.D()) {
+		errs = append(errs, config.Errf("restore_within", "must be at least 200ms and below lease_ttl (%v), got %v", c.LeaseTTL.D(), d))
 	}
 	if len(c.Groups) == 0 {
-		return config.Errf("groups", "at least one group is required")
+		errs = append(errs, config.Errf("groups", "at least one group is required"))
 	}
+	errs = append(errs, c.validateReplicas())
 	seen := map[string]bool{}
 	for i, g := range c.Groups {
-		key := func(k string) string { return fmt.Sprintf("groups[%d].%s", i, k) }
-		if err := events.ValidToken("name", g.Name); err != nil {
-			return &config.FieldError{Key: key("name"), Err: err}
-		}
-		if seen[g.Name] {
-			return config.Errf(key("name"), "duplicate group %q", g.Name)
-		}
-		seen[g.Name] = true
-		if len(g.Addresses) == 0 {
-			return config.Errf(key("addresses"), "at least one address is required")
-		}
-		for _, a := range g.Addresses {
-			if _, err := netip.ParsePrefix(a); err != nil {
-				return config.Errf(key("addresses"), "%q is not an address with a prefix length (198.51.100.10/24): %v", a, err)
-			}
-		}
-		if len(g.Nodes) == 0 {
-			return config.Errf(key("nodes"), "at least one node is required")
-		}
-		for _, n := range g.Nodes {
-			if err := events.ValidToken("node", n); err != nil {
-				return &config.FieldError{Key: key("nodes"), Err: err}
-			}
-		}
-		if g.HealthCheck == "" {
-			return config.Errf(key("health_check"), "required")
-		}
-		if g.Weights.Threshold < 0 || g.Weights.Threshold > 99 || g.Weights.Confirm < 0 {
-			return config.Errf(key("weights"), "threshold 0..99 and confirm >= 0 (0 takes the defaults)")
-		}
-		if d := g.Planned.DrainWithin.D(); d != 0 && (d < events.MinDrainWithin || d > events.MaxDrainWithin) {
-			return config.Errf(key("planned.drain_within"), "must be between %v and %v, got %v", events.MinDrainWithin, events.MaxDrainWithin, d)
-		}
-		if w := g.Failback.OnWindowClose; w != "" && w != "wait" && w != "force" {
-			return config.Errf(key("failback.on_window_close"), "want wait or force, got %q", w)
-		}
+		errs = append(errs, validateGroup(i, g, seen))
 	}
+	// The bounds refuse an offline_after below 1s and a sweep_every below
+	// 100ms; the default sweep of a valid offline_after is at least 200ms.
 	if c.Registry.OfflineAfter == 0 {
 		c.Registry.OfflineAfter = config.Duration(registry.DefaultOfflineAfter)
-	}
-	if c.Registry.OfflineAfter.D() < time.Second {
-		return config.Errf("registry.offline_after", "at least 1s, got %v", c.Registry.OfflineAfter)
 	}
 	if c.Registry.SweepEvery == 0 {
 		c.Registry.SweepEvery = config.Duration(min(c.Registry.OfflineAfter.D()/5, 30*time.Second))
 	}
-	if c.Registry.SweepEvery.D() < 100*time.Millisecond {
-		return config.Errf("registry.sweep_every", "at least 100ms, got %v", c.Registry.SweepEvery)
-	}
-	if err := c.HTTPHeartbeat.validate(); err != nil {
-		return err
-	}
+	errs = append(errs, c.HTTPHeartbeat.validate())
 	names := make([]string, len(c.Groups))
 	for i, g := range c.Groups {
 		names[i] = g.Name
 	}
-	if err := c.Notify.Validate(names); err != nil {
+	errs = append(errs, c.Notify.Validate(names))
+	// The decision core checks the timing arithmetic (claim_timeout,
+	// clock_skew, command_ttl) so that a bad file fails at start; after
+	// another error it would only repeat it (a group's address, the cluster).
+	if err := config.Join(errs...); err != nil {
 		return err
 	}
-	// The decision core checks the timing arithmetic (claim_timeout,
-	// clock_skew, command_ttl) so that a bad file fails at start.
 	if _, err := decide.New(c.decideConfig()); err != nil {
 		return &config.FieldError{Key: "policy", Err: err}
 	}
 	return nil
+}
+
+// validateGroup checks one group; seen holds the names of those before it.
+func validateGroup(i int, g GroupConfig, seen map[string]bool) error {
+	key := func(k string) string { return fmt.Sprintf("groups[%d].%s", i, k) }
+	var errs []error
+	if err := events.ValidToken("name", g.Name); err != nil {
+		errs = append(errs, &config.FieldError{Key: key("name"), Err: err})
+	} else if seen[g.Name] {
+		errs = append(errs, config.Errf(key("name"), "duplicate group %q", g.Name))
+	}
+	seen[g.Name] = true
+	if len(g.Addresses) == 0 {
+		errs = append(errs, config.Errf(key("addresses"), "at least one address is required"))
+	}
+	for _, a := range g.Addresses {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			errs = append(errs, config.Errf(key("addresses"), "%q is not an address with a prefix length (198.51.100.10/24): %v", a, err))
+		}
+	}
+	if len(g.Nodes) == 0 {
+		errs = append(errs, config.Errf(key("nodes"), "at least one node is required"))
+	}
+	for _, n := range g.Nodes {
+		if err := events.ValidToken("node", n); err != nil {
+			errs = append(errs, &config.FieldError{Key: key("nodes"), Err: err})
+		}
+	}
+	if g.HealthCheck == "" {
+		errs = append(errs, config.Errf(key("health_check"), "required"))
+	}
+	if g.Weights.Threshold < 0 || g.Weights.Threshold > 99 || g.Weights.Confirm < 0 {
+		errs = append(errs, config.Errf(key("weights"), "threshold 0..99 and confirm >= 0 (0 takes the defaults)"))
+	}
+	if d := g.Planned.DrainWithin.D(); d != 0 && (d < events.MinDrainWithin || d > events.MaxDrainWithin) {
+		errs = append(errs, config.Errf(key("planned.drain_within"), "must be between %v and %v, got %v", events.MinDrainWithin, events.MaxDrainWithin, d))
+	}
+	if w := g.Failback.OnWindowClose; w != "" && w != "wait" && w != "force" {
+		errs = append(errs, config.Errf(key("failback.on_window_close"), "want wait or force, got %q", w))
+	}
+	return config.Join(errs...)
+}
+
+// CheckHost checks what the file names on this host (config.HostChecker):
+// the bus's files and http_listen (daemon.Common), the notify hooks'
+// programs and secrets, the address the HTTP heartbeat listens on and how
+// long its certificate stays valid.
+func (c *Config) CheckHost() error {
+	errs := []error{c.Common.CheckHost(), c.Notify.CheckFiles()}
+	if h := c.HTTPHeartbeat; h.Listen != "" {
+		errs = append(errs,
+			config.ListenLocal("http_heartbeat.listen", h.Listen),
+			config.CertValidity("http_heartbeat.tls.cert", h.TLS.Cert))
+	}
+	return config.Join(errs...)
 }
 
 func (c *Config) decideConfig() decide.Config {
@@ -347,4 +372,26 @@ func DecisionConfig(path string) (decide.Config, error) {
 		return decide.Config{}, err
 	}
 	return c.decideConfig(), nil
+}
+
+// validateReplicas checks the replicas list: node names, each once, this
+// replica's own among them (a list that lacks it was written for another
+// cluster or host).
+func (c *Config) validateReplicas() error {
+	if len(c.Replicas) == 0 {
+		return nil
+	}
+	for i, n := range c.Replicas {
+		key := fmt.Sprintf("replicas[%d]", i)
+		if err := events.ValidToken("node", n); err != nil {
+			return &config.FieldError{Key: key, Err: err}
+		}
+		if slices.Index(c.Replicas, n) != i {
+			return config.Errf(key, "%q listed twice", n)
+		}
+	}
+	if !slices.Contains(c.Replicas, c.Node) {
+		return config.Errf("replicas", "must include this replica's own node %q", c.Node)
+	}
+	return nil
 }

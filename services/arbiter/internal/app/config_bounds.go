@@ -26,6 +26,9 @@ const (
 	maxAddresses  = 64
 	maxGroupNodes = 32
 	maxHTTPNodes  = 1024
+	// maxReplicas bounds the arbiter replicas a cluster names (replicas):
+	// one per host of the bus is the usual shape, three.
+	maxReplicas = 16
 	// The HTTP heartbeat interval is carried as interval_ms in the events,
 	// which refuse anything above events.MaxHeartbeatInterval.
 	minHTTPInterval = time.Second
@@ -50,6 +53,7 @@ func (c *Config) validateBounds() error {
 		config.DurationOrZero("policy.clock_skew", p.ClockSkew.D(), time.Millisecond, events.MaxClockSkew),
 		config.IntIn("policy.max_moves_per_hour", p.MaxMovesPerHour, -1, 1000),
 		config.CountIn("groups", len(c.Groups), 1, maxGroups),
+		config.CountIn("replicas", len(c.Replicas), 0, maxReplicas),
 		membersIn(c.Groups),
 		config.DurationOrZero("registry.offline_after", c.Registry.OfflineAfter.D(), time.Second, maxOfflineAfter),
 		config.DurationOrZero("registry.sweep_every", c.Registry.SweepEvery.D(), 100*time.Millisecond, maxOfflineAfter),
@@ -80,11 +84,11 @@ func (c *Config) validateBounds() error {
 			config.IntIn("http_heartbeat.conns_per_source", h.ConnsPerSource, 0, 1024),
 			config.IntIn("http_heartbeat.max_conns", h.MaxConns, 0, 65536),
 		)
-		if r := h.RateLimit.PerSecond; r != 0 && r < 0.01 {
+		if r := h.RateLimit.PerSecond; r > 0 && r < 0.01 {
 			errs = append(errs, config.Errf("http_heartbeat.rate_limit.per_second", "must be 0 (default) or between 0.01 and 1000, got %v", r))
 		}
 	}
-	return config.First(errs...)
+	return config.Join(errs...)
 }
 
 // membersIn bounds the nodes of every group together, a node in two
@@ -100,7 +104,8 @@ func membersIn(groups []GroupConfig) error {
 	return nil
 }
 
-// validateTLS requires TLS off loopback and checks that the pair loads.
+// validateTLS requires TLS off loopback and checks that the pair loads
+// (how long the certificate stays valid is CheckHost's: a warning).
 func (h *HTTPHeartbeatConfig) validateTLS() error {
 	t := h.TLS
 	if (t.Cert == "") != (t.Key == "") {

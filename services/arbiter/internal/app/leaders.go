@@ -6,21 +6,30 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/arbiter/internal/steward"
+	"github.com/nats-io/nats.go"
 )
+
+// connectSystem opens the connection to the system account (bus.system),
+// nil when none is configured or it cannot be opened: that costs the meta
+// leader's placement and the servers' own reports, nothing else.
+func (s *Service) connectSystem() *nats.Conn {
+	sys, err := bus.ConnectSystem(s.cfg.Bus, "fan-arbiter-"+s.cfg.Node+"-system", s.log)
+	if err != nil {
+		s.log.Error("system account unavailable; the meta leader is left where it is and the servers' reports are not read", "err", err)
+		return nil
+	}
+	return sys
+}
 
 // runSteward keeps raft leaders on bus.leader_servers while this replica
 // holds the lease, and returns a function that waits for it to stop. With
-// no leader servers configured it starts nothing. A system account that
-// cannot be reached costs only the meta group's placement: the streams and
+// no leader servers configured it starts nothing. Without a system account
+// (sys nil) only the meta group's placement is lost: the streams and
 // consumers are still kept.
-func (s *Service) runSteward(ctx context.Context, rt *daemon.Runtime) (wait func()) {
+func (s *Service) runSteward(ctx context.Context, rt *daemon.Runtime, sys *nats.Conn) (wait func()) {
 	bc := s.cfg.Bus
 	if len(bc.LeaderServers) == 0 {
 		return func() {}
-	}
-	sys, err := bus.ConnectSystem(bc, "fan-arbiter-"+s.cfg.Node+"-system", s.log)
-	if err != nil {
-		s.log.Error("system account unavailable; the meta leader is left where it is", "err", err)
 	}
 	st := steward.New(steward.Config{LeaderServers: bc.LeaderServers, Streams: bus.Streams(), Leading: s.lease.Leading},
 		rt.Bus.NC, rt.Bus.JS, sys, s.log)
@@ -32,9 +41,6 @@ func (s *Service) runSteward(ctx context.Context, rt *daemon.Runtime) (wait func
 		defer close(done)
 		if err := st.Run(ctx); err != nil {
 			s.log.Error("leader steward stopped", "err", err)
-		}
-		if sys != nil {
-			sys.Close()
 		}
 	}()
 	return func() { <-done }

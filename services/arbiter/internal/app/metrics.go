@@ -26,7 +26,7 @@ type stateMetrics struct {
 	failbacks *prometheus.CounterVec
 	claims    *prometheus.CounterVec
 
-	leader, epoch, held, holder, lastMove, needsHuman, frozen, permitOpen, nodeSilent, nodeHeard *prometheus.Desc
+	leader, epoch, held, holder, lastMove, needsHuman, frozen, permitOpen, nodeSilent, nodeHeard, nodeEligible, nodeHealthy *prometheus.Desc
 }
 
 func newStateMetrics(r prometheus.Registerer, groups []string) *stateMetrics {
@@ -59,6 +59,12 @@ func newStateMetrics(r prometheus.Registerer, groups []string) *stateMetrics {
 			"1 while the node is silent (no heartbeat or presence beacon within the silence bound).", []string{"group", "node"}, nil),
 		nodeHeard: prometheus.NewDesc("fan_arbiter_node_last_heard_timestamp_seconds",
 			"When the arbiter last heard the node (Unix time; absent if never).", []string{"group", "node"}, nil),
+		nodeEligible: prometheus.NewDesc("fan_arbiter_node_eligible",
+			"1 while the node could take the group now: its health check up, heard, not in standby, not just failed a claim.",
+			[]string{"group", "node"}, nil),
+		nodeHealthy: prometheus.NewDesc("fan_arbiter_node_healthy",
+			"1 while the group's health check is up on the node (as its own prober, or its health_from observer, reports).",
+			[]string{"group", "node"}, nil),
 	}
 	// Zero series from the start, so rate() and increase() see the first one.
 	for _, g := range groups {
@@ -105,7 +111,8 @@ func (m *stateMetrics) observed(p events.Payload, commanding bool) {
 }
 
 func (m *stateMetrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.leader, m.epoch, m.held, m.holder, m.lastMove, m.needsHuman, m.frozen, m.permitOpen, m.nodeSilent, m.nodeHeard} {
+	for _, d := range []*prometheus.Desc{m.leader, m.epoch, m.held, m.holder, m.lastMove, m.needsHuman, m.frozen, m.permitOpen,
+		m.nodeSilent, m.nodeHeard, m.nodeEligible, m.nodeHealthy} {
 		ch <- d
 	}
 }
@@ -133,6 +140,8 @@ func (m *stateMetrics) Collect(ch chan<- prometheus.Metric) {
 		for _, n := range g.Nodes {
 			gauge(m.holder, b2f(n.Node == g.Holder), g.Name, n.Node)
 			gauge(m.nodeSilent, b2f(n.Silent), g.Name, n.Node)
+			gauge(m.nodeEligible, b2f(n.Eligible), g.Name, n.Node)
+			gauge(m.nodeHealthy, b2f(n.Health == events.HealthUp), g.Name, n.Node)
 			if !n.LastHeartbeat.IsZero() {
 				gauge(m.nodeHeard, float64(n.LastHeartbeat.UnixMilli())/1000, g.Name, n.Node)
 			}

@@ -39,6 +39,9 @@ func TestMetricsFollowRealEvents(t *testing.T) {
 	metricstest.WaitFor(t, addr, series("fan_arbiter_decisions_total", "action", "place", "group", "pbx"), metricstest.Is(1), within)
 	metricstest.WaitFor(t, addr, series("fan_arbiter_group_holder", "group", "pbx", "node", "n1"), metricstest.Is(1), within)
 	metricstest.WaitFor(t, addr, series("fan_arbiter_group_held", "group", "pbx"), metricstest.Is(1), within)
+	// The standby could take over: healthy and eligible.
+	metricstest.WaitFor(t, addr, series("fan_arbiter_node_healthy", "group", "pbx", "node", "n2"), metricstest.Is(1), within)
+	metricstest.WaitFor(t, addr, series("fan_arbiter_node_eligible", "group", "pbx", "node", "n2"), metricstest.Is(1), within)
 
 	before := time.Now()
 	l.setPBX("n1", false)
@@ -51,6 +54,9 @@ func TestMetricsFollowRealEvents(t *testing.T) {
 	metricstest.WaitFor(t, addr, series("fan_arbiter_group_last_move_timestamp_seconds", "group", "pbx"),
 		metricstest.AtLeast(float64(before.Unix())), within)
 	metricstest.WaitFor(t, addr, series("fan_arbiter_failbacks_total", "group", "pbx"), metricstest.Is(0), time.Second)
+	// The old holder is down: no longer a standby that could take over.
+	metricstest.WaitFor(t, addr, series("fan_arbiter_node_healthy", "group", "pbx", "node", "n1"), metricstest.Is(0), within)
+	metricstest.WaitFor(t, addr, series("fan_arbiter_node_eligible", "group", "pbx", "node", "n1"), metricstest.Is(0), within)
 
 	metricstest.WaitFor(t, addr, series("fan_arbiter_group_frozen", "group", "pbx"), metricstest.Is(0), within)
 	if rep := ask("alice", events.OperatorRequest{Verb: events.OpMaintenanceOn, Group: "pbx", Operator: "alice", Reason: "test"}); !rep.Accepted {

@@ -81,15 +81,13 @@ const (
 )
 
 // Validate checks the section against the groups the arbiter decides on
-// and fills defaults. Keys are named from the file's root ("notify.…").
+// and fills defaults, reporting every key that is wrong. Keys are named
+// from the file's root ("notify.…").
 func (c *Config) Validate(groups []string) error {
 	errs := []error{
 		config.IntIn("notify.queue", c.Queue, 0, maxQueue),
 		config.DurationOrZero("notify.catch_up", c.CatchUp.D(), time.Second, maxCatchUp),
 		config.CountIn("notify.hooks", len(c.Hooks), 0, maxHooks),
-	}
-	if err := config.First(errs...); err != nil {
-		return err
 	}
 	if c.Queue == 0 {
 		c.Queue = DefaultQueue
@@ -102,67 +100,58 @@ func (c *Config) Validate(groups []string) error {
 		h := &c.Hooks[i]
 		key := func(k string) string { return fmt.Sprintf("notify.hooks[%d].%s", i, k) }
 		if err := events.ValidToken("name", h.Name); err != nil {
-			return &config.FieldError{Key: key("name"), Err: err}
-		}
-		if names[h.Name] {
-			return config.Errf(key("name"), "duplicate hook %q", h.Name)
+			errs = append(errs, &config.FieldError{Key: key("name"), Err: err})
+		} else if names[h.Name] {
+			errs = append(errs, config.Errf(key("name"), "duplicate hook %q", h.Name))
 		}
 		names[h.Name] = true
-		if err := h.validate(key, groups); err != nil {
-			return err
-		}
+		errs = append(errs, h.validate(key, groups))
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 func (h *HookConfig) validate(key func(string) string, groups []string) error {
+	var errs []error
 	for _, g := range h.Groups {
 		if !slices.Contains(groups, g) {
-			return config.Errf(key("groups"), "%q is not a configured group", g)
+			errs = append(errs, config.Errf(key("groups"), "%q is not a configured group", g))
 		}
 	}
 	for _, k := range h.Events {
 		if !slices.Contains(Kinds, k) {
-			return config.Errf(key("events"), "%q is not one of %v", k, Kinds)
+			errs = append(errs, config.Errf(key("events"), "%q is not one of %v", k, Kinds))
 		}
 	}
-	if err := config.DurationOrZero(key("timeout"), h.Timeout.D(), minTimeout, maxTimeout); err != nil {
-		return err
-	}
+	errs = append(errs, config.DurationOrZero(key("timeout"), h.Timeout.D(), minTimeout, maxTimeout))
 	if h.Timeout == 0 {
 		h.Timeout = config.Duration(DefaultTimeout)
 	}
 	switch {
 	case len(h.Command) > 0 && h.Webhook != nil:
-		return config.Errf(key("command"), "a hook is a command or a webhook, not both")
+		errs = append(errs, config.Errf(key("command"), "a hook is a command or a webhook, not both"))
 	case len(h.Command) > 0:
-		if err := config.CountIn(key("command"), len(h.Command), 1, maxArgs); err != nil {
-			return err
-		}
+		errs = append(errs, config.CountIn(key("command"), len(h.Command), 1, maxArgs))
 		if !filepath.IsAbs(h.Command[0]) {
-			return config.Errf(key("command"), "%q: the program is an absolute path (no shell, no PATH search)", h.Command[0])
+			errs = append(errs, config.Errf(key("command"), "%q: the program is an absolute path (no shell, no PATH search)", h.Command[0]))
 		}
-		for _, a := range h.Command {
-			if strings.ContainsRune(a, 0) {
-				return config.Errf(key("command"), "an argument holds a NUL byte")
-			}
+		if slices.ContainsFunc(h.Command, func(a string) bool { return strings.ContainsRune(a, 0) }) {
+			errs = append(errs, config.Errf(key("command"), "an argument holds a NUL byte"))
 		}
-		return nil
 	case h.Webhook != nil:
-		return h.Webhook.validate(func(k string) string { return key("webhook." + k) })
+		errs = append(errs, h.Webhook.validate(func(k string) string { return key("webhook." + k) }))
+	default:
+		errs = append(errs, config.Errf(key("command"), "set command (an argv) or webhook"))
 	}
-	return config.Errf(key("command"), "set command (an argv) or webhook")
+	return config.Join(errs...)
 }
 
 func (w *WebhookConfig) validate(key func(string) string) error {
-	errs := []error{
+	bounds := config.Join(
 		config.IntIn(key("max_tries"), w.MaxTries, 0, maxTries),
 		config.DurationOrZero(key("backoff"), w.Backoff.D(), minBackoff, maxBackoffCap),
 		config.DurationOrZero(key("max_backoff"), w.MaxBackoff.D(), minBackoff, maxBackoffCap),
-	}
-	if err := config.First(errs...); err != nil {
-		return err
-	}
+	)
+	errs := []error{bounds}
 	if w.MaxTries == 0 {
 		w.MaxTries = DefaultMaxTries
 	}
@@ -172,23 +161,22 @@ func (w *WebhookConfig) validate(key func(string) string) error {
 	if w.MaxBackoff == 0 {
 		w.MaxBackoff = config.Duration(max(DefaultMaxBackoff, w.Backoff.D()))
 	}
-	if w.MaxBackoff < w.Backoff {
-		return config.Errf(key("max_backoff"), "below backoff (%v)", w.Backoff.D())
+	if bounds == nil && w.MaxBackoff < w.Backoff {
+		errs = append(errs, config.Errf(key("max_backoff"), "below backoff (%v)", w.Backoff.D()))
 	}
 	u, err := url.Parse(w.URL)
-	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
-		return config.Errf(key("url"), "want an http:// or https:// URL, got %q", w.URL)
-	}
-	if u.User != nil {
-		return config.Errf(key("url"), "no credentials in the URL: the body is signed with secret_file")
-	}
-	if u.Scheme == "http" && !w.InsecurePlaintext && !bus.IsLoopbackHost(hostOnly(u.Host)) {
-		return config.Errf(key("url"), "https required off loopback (insecure_plaintext: true only behind a TLS proxy on this host)")
+	switch {
+	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https"):
+		errs = append(errs, config.Errf(key("url"), "want an http:// or https:// URL, got %q", w.URL))
+	case u.User != nil:
+		errs = append(errs, config.Errf(key("url"), "no credentials in the URL: the body is signed with secret_file"))
+	case u.Scheme == "http" && !w.InsecurePlaintext && !bus.IsLoopbackHost(hostOnly(u.Host)):
+		errs = append(errs, config.Errf(key("url"), "https required off loopback (insecure_plaintext: true only behind a TLS proxy on this host)"))
 	}
 	if w.SecretFile == "" {
-		return config.Errf(key("secret_file"), "required: receivers verify the signature with it")
+		errs = append(errs, config.Errf(key("secret_file"), "required: receivers verify the signature with it"))
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 func hostOnly(hostport string) string {
@@ -204,23 +192,23 @@ func hostOnly(hostport string) string {
 // configuration is also validated where its paths are not this host's
 // (fanctl replay reads the arbiter's file).
 func (c *Config) CheckFiles() error {
+	var errs []error
 	for i, h := range c.Hooks {
 		key := func(k string) string { return fmt.Sprintf("notify.hooks[%d].%s", i, k) }
 		if len(h.Command) > 0 {
 			if err := config.FileReadable(key("command"), h.Command[0]); err != nil {
-				return err
-			}
-			if st, err := os.Stat(h.Command[0]); err == nil && st.Mode().Perm()&0o111 == 0 {
-				return config.Errf(key("command"), "%s is not executable", h.Command[0])
+				errs = append(errs, err)
+			} else if st, err := os.Stat(h.Command[0]); err == nil && st.Mode().Perm()&0o111 == 0 {
+				errs = append(errs, config.Errf(key("command"), "%s is not executable", h.Command[0]))
 			}
 		}
 		if h.Webhook != nil {
 			if _, err := readSecret(key("webhook.secret_file"), h.Webhook.SecretFile); err != nil {
-				return err
+				errs = append(errs, err)
 			}
 		}
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 // readSecret reads a webhook's shared secret.

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -299,50 +300,12 @@ func stepDown(ctx context.Context, nc *nats.Conn, subject, preferred string) err
 	return nil
 }
 
-// jszReply is the part of a server's JetStream report that names the meta
-// group's leader and, as that leader sees them, its peers.
-type jszReply struct {
-	Server struct {
-		Name string `json:"name"`
-	} `json:"server"`
-	Data struct {
-		Meta *struct {
-			Leader   string                `json:"leader"`
-			Replicas []*jetstream.PeerInfo `json:"replicas"`
-		} `json:"meta_cluster"`
-	} `json:"data"`
-}
-
-// metaCluster asks every server for its JetStream report and keeps the meta
-// leader's own: only the leader knows how recently it heard each peer.
+// metaCluster is the meta group as its leader sees it (only the leader
+// knows how recently it heard each peer).
 func (s *Steward) metaCluster(ctx context.Context) (*jetstream.ClusterInfo, error) {
-	inbox := s.sys.NewRespInbox()
-	replies := make(chan *nats.Msg, 16)
-	sub, err := s.sys.ChanSubscribe(inbox, replies)
+	m, err := bus.MetaCluster(ctx, s.sys)
 	if err != nil {
-		return nil, fmt.Errorf("meta info: %w", err)
+		return nil, err
 	}
-	defer func() { _ = sub.Unsubscribe() }()
-	if err := s.sys.PublishRequest(events.JSServerPingJSZ, inbox, []byte(`{"leader_only":true}`)); err != nil {
-		return nil, fmt.Errorf("meta info: %w", err)
-	}
-	t := time.NewTimer(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-t.C:
-			return nil, errors.New("meta info: no answer from the meta leader")
-		case m := <-replies:
-			var r jszReply
-			if json.Unmarshal(m.Data, &r) != nil || r.Data.Meta == nil || r.Data.Meta.Leader == "" {
-				continue
-			}
-			if r.Data.Meta.Leader != r.Server.Name {
-				continue
-			}
-			return &jetstream.ClusterInfo{Leader: r.Data.Meta.Leader, Replicas: r.Data.Meta.Replicas}, nil
-		}
-	}
+	return m.Cluster, nil
 }

@@ -14,13 +14,9 @@ import (
 	"log/slog"
 	"os"
 	"reflect"
-	"regexp"
 	"slices"
 	"strings"
 
-	"go.yaml.in/yaml/v3"
-
-	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/ipmover/internal/dispatchexec"
@@ -54,94 +50,108 @@ type (
 // files maps each executor to its file type, for the key check below.
 var files = map[string]any{ExecutorIP: ipFile{}, ExecutorDNS: dnsFile{}, ExecutorDispatcher: dispatcherFile{}}
 
-// Build loads and validates the configuration; it starts nothing.
+// Build loads and validates the configuration, and checks what it names on
+// this host (the executor's config.HostChecker: the bus's files, the state
+// file's directory, the interface; not for -release-all, which must release
+// whatever the host has become); it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
 	b, err := os.ReadFile(o.ConfigPath)
 	if err != nil {
 		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
-	svc, err := Parse(o.ConfigPath, b, o.Logger, o.Version)
+	svc, warnings, err := parseFile(o.ConfigPath, b, o.Logger, o.Version, !o.SkipHostChecks)
+	o.Warnings(warnings)
 	if err != nil {
 		return nil, err
-	}
-	// The bus credentials must be there, and the state file is created at
-	// the first start in a directory that must exist (the unit's
-	// StateDirectory, the package's tmpfiles.d): -check-config names a
-	// missing one. Only here, not in Parse: a configuration is also parsed
-	// where the paths are not this host's.
-	var files struct {
-		Bus       bus.Config `yaml:"bus"`
-		StateFile string     `yaml:"state_file"`
-	}
-	_ = yaml.Unmarshal(b, &files) // Parse has read it strictly already
-	common := daemon.Common{Bus: files.Bus}
-	if err := config.First(common.CheckFiles(), config.ParentDirExists("state_file", files.StateFile)); err != nil {
-		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	return svc, nil
 }
 
-// Parse is Build for a file already read; name is used in error messages.
+// Parse is Build for a file already read, without the checks of the host;
+// name is used in error messages.
 func Parse(name string, b []byte, log *slog.Logger, version string) (daemon.Service, error) {
+	svc, _, err := parseFile(name, b, log, version, false)
+	return svc, err
+}
+
+func parseFile(name string, b []byte, log *slog.Logger, version string, host bool) (daemon.Service, []string, error) {
+	// Only the selector first, every other key let through: the strict
+	// read as the selected executor's file follows.
 	var sel struct {
-		Executor string `yaml:"executor"`
+		Executor string         `yaml:"executor"`
+		Rest     map[string]any `yaml:",inline"`
 	}
-	// Only the selector, leniently: the strict read follows.
-	if err := yaml.Unmarshal(b, &sel); err != nil {
-		return nil, fmt.Errorf("config %s: %w", name, err)
+	doc, ok := config.Decode(name, b, &sel)
+	if !ok {
+		_, err := doc.Report()
+		return nil, nil, err
 	}
 	switch sel.Executor {
 	case "", ExecutorIP:
 		var f ipFile
-		if err := parseAs(name, b, &f, ExecutorIP); err != nil {
-			return nil, err
+		warnings, err := parseAs(name, b, &f, ExecutorIP, host)
+		if err != nil {
+			return nil, warnings, err
 		}
-		return ipexec.New(f.Config, log, version), nil
+		return ipexec.New(f.Config, log, version), warnings, nil
 	case ExecutorDNS:
 		var f dnsFile
-		if err := parseAs(name, b, &f, ExecutorDNS); err != nil {
-			return nil, err
+		warnings, err := parseAs(name, b, &f, ExecutorDNS, host)
+		if err != nil {
+			return nil, warnings, err
 		}
-		return noRelease{dnsexec.New(f.Config, log, version)}, nil
+		return noRelease{dnsexec.New(f.Config, log, version)}, warnings, nil
 	case ExecutorDispatcher:
 		var f dispatcherFile
-		if err := parseAs(name, b, &f, ExecutorDispatcher); err != nil {
-			return nil, err
+		warnings, err := parseAs(name, b, &f, ExecutorDispatcher, host)
+		if err != nil {
+			return nil, warnings, err
 		}
-		return noRelease{dispatchexec.New(f.Config, log, version)}, nil
+		return noRelease{dispatchexec.New(f.Config, log, version)}, warnings, nil
 	default:
-		return nil, fmt.Errorf("config %s: %w", name, config.Errf("executor", "unknown executor %q (ip, dns, dispatcher)", sel.Executor))
+		_, err := doc.Report(config.Errf("executor", "unknown executor %q (ip, dns, dispatcher)", sel.Executor))
+		return nil, nil, err
 	}
 }
 
-var unknownField = regexp.MustCompile(`field (\S+) not found in type`)
-
-// parseAs reads the file strictly into dst, and says so when a refused key
-// is one of another executor's.
-func parseAs(name string, b []byte, dst any, executor string) error {
-	err := config.Parse(name, b, dst)
-	var te *yaml.TypeError
-	if err == nil || !errors.As(err, &te) {
-		return err
+// parseAs reads the file strictly into dst (and, with host, checks what it
+// names on this host), and says so when a refused key is one of another
+// executor's.
+func parseAs(name string, b []byte, dst any, executor string, host bool) ([]string, error) {
+	var warnings []string
+	var err error
+	if host {
+		warnings, err = config.CheckBytes(name, b, dst)
+	} else {
+		err = config.Parse(name, b, dst)
 	}
-	var why []string
-	for _, msg := range te.Errors {
-		m := unknownField.FindStringSubmatch(msg)
-		if m == nil {
+	var errs *config.Errors
+	if !errors.As(err, &errs) {
+		return warnings, err
+	}
+	for _, it := range errs.Items {
+		var fe *config.FieldError
+		if !errors.As(it.Err, &fe) || !errors.Is(fe.Err, config.ErrUnknownKey) || strings.ContainsAny(fe.Key, ".[") {
 			continue
 		}
 		for _, other := range []string{ExecutorIP, ExecutorDNS, ExecutorDispatcher} {
-			if other != executor && slices.Contains(keys(reflect.TypeOf(files[other])), m[1]) {
-				why = append(why, fmt.Sprintf("%s: a key of executor %s, not of executor %s", m[1], other, executor))
+			if other != executor && slices.Contains(keys(reflect.TypeOf(files[other])), fe.Key) {
+				fe.Err = otherExecutorKey{other: other, executor: executor}
 				break
 			}
 		}
 	}
-	if len(why) == 0 {
-		return err
-	}
-	return fmt.Errorf("%w (%s)", err, strings.Join(why, "; "))
+	return warnings, err
 }
+
+// otherExecutorKey refuses a key that belongs to another executor's file.
+type otherExecutorKey struct{ other, executor string }
+
+func (e otherExecutorKey) Error() string {
+	return fmt.Sprintf("a key of executor %s, not of executor %s", e.other, e.executor)
+}
+
+func (e otherExecutorKey) Unwrap() error { return config.ErrUnknownKey }
 
 // keys lists the top-level YAML keys of a file type.
 func keys(t reflect.Type) []string {

@@ -12,7 +12,7 @@ const maxNodes = 256
 // validateBounds refuses out-of-range values of the dispatcher executor's
 // keys before defaults are derived from them.
 func (d *DispatcherConfig) validateBounds() error {
-	return config.First(
+	return config.Join(
 		config.DurationOrZero("dispatcher.timeout", d.Timeout, 100*time.Millisecond, time.Minute),
 		config.DurationOrZero("dispatcher.reload_retry", d.ReloadRetry, 10*time.Millisecond, 10*time.Second),
 		config.DurationOrZero("dispatcher.resync", d.Resync.D(), time.Second, time.Hour),

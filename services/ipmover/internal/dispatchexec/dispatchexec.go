@@ -43,26 +43,28 @@ const (
 	ModeHolder = "holder"
 )
 
-// Validate checks the file after loading and fills defaults.
+// Validate checks the file after loading and fills defaults, reporting
+// every key that is wrong.
 func (c *Config) Validate() error {
-	if err := c.Common.Validate(); err != nil {
-		return err
-	}
-	if err := c.Dispatcher.validateBounds(); err != nil {
-		return err
-	}
-	if err := c.Dispatcher.validate(c.Cluster); err != nil {
-		return err
-	}
+	errs := []error{c.Common.Validate(), c.Dispatcher.validateBounds(), c.Dispatcher.validate(c.Cluster)}
 	switch {
 	case c.Dispatcher.Mode == ModeHolder && c.StateFile == "":
-		return config.Errf("state_file", "required with dispatcher.mode: holder (it keeps commands at most once across restarts)")
+		errs = append(errs, config.Errf("state_file", "required with dispatcher.mode: holder (it keeps commands at most once across restarts)"))
 	case c.Dispatcher.Mode == ModeEligible && c.StateFile != "":
 		// A key that does nothing is refused, not ignored: its writer
 		// believes commands are fenced by it.
-		return config.Errf("state_file", "only with dispatcher.mode: holder (mode eligible takes no commands)")
+		errs = append(errs, config.Errf("state_file", "only with dispatcher.mode: holder (mode eligible takes no commands)"))
 	}
-	return nil
+	return config.Join(errs...)
+}
+
+// CheckHost checks what the file names on this host (config.HostChecker):
+// the bus's files and http_listen (daemon.Common), the directory the state
+// file is written in (mode holder) and the directory of list_file.
+func (c *Config) CheckHost() error {
+	return config.Join(c.Common.CheckHost(),
+		config.ParentDirExists("state_file", c.StateFile),
+		config.ParentDirExists("dispatcher.list_file", c.Dispatcher.ListFile))
 }
 
 // DispatcherConfig keeps one Kamailio dispatcher set in step with the
@@ -92,35 +94,33 @@ type DispatcherConfig struct {
 }
 
 func (d *DispatcherConfig) validate(cluster string) error {
+	var errs []error
 	if err := events.ValidToken("group", d.Group); err != nil {
-		return &config.FieldError{Key: "dispatcher.group", Err: err}
+		errs = append(errs, &config.FieldError{Key: "dispatcher.group", Err: err})
 	}
 	switch d.Mode {
 	case "":
 		d.Mode = ModeEligible
 	case ModeEligible, ModeHolder:
 	default:
-		return config.Errf("dispatcher.mode", "unknown mode %q (eligible, holder)", d.Mode)
+		errs = append(errs, config.Errf("dispatcher.mode", "unknown mode %q (eligible, holder)", d.Mode))
 	}
 	if d.URL == "" {
-		return config.Errf("dispatcher.url", "required (Kamailio JSON-RPC, e.g. http://127.0.0.1:5071/RPC)")
+		errs = append(errs, config.Errf("dispatcher.url", "required (Kamailio JSON-RPC, e.g. http://127.0.0.1:5071/RPC)"))
 	}
 	if len(d.Nodes) == 0 {
-		return config.Errf("dispatcher.nodes", "at least one node -> uri is required")
+		errs = append(errs, config.Errf("dispatcher.nodes", "at least one node -> uri is required"))
 	}
-	for n, uri := range d.Nodes {
+	for _, n := range slices.Sorted(maps.Keys(d.Nodes)) {
 		if err := events.ValidToken("node", n); err != nil {
-			return &config.FieldError{Key: "dispatcher.nodes", Err: err}
+			errs = append(errs, &config.FieldError{Key: "dispatcher.nodes", Err: err})
 		}
-		if !strings.HasPrefix(uri, "sip:") && !strings.HasPrefix(uri, "sips:") {
-			return config.Errf("dispatcher.nodes."+n, "uri %q must be a sip: or sips: URI as Kamailio lists it", uri)
+		if uri := d.Nodes[n]; !strings.HasPrefix(uri, "sip:") && !strings.HasPrefix(uri, "sips:") {
+			errs = append(errs, config.Errf("dispatcher.nodes."+n, "uri %q must be a sip: or sips: URI as Kamailio lists it", uri))
 		}
 	}
 	if d.Set == 0 {
-		d.Set = 1
-	}
-	if d.Set < 0 {
-		return config.Errf("dispatcher.set", "must be positive")
+		d.Set = 1 // a negative one is out of the bounds
 	}
 	if d.Resync == 0 {
 		d.Resync = config.Duration(5 * time.Second)
@@ -128,12 +128,12 @@ func (d *DispatcherConfig) validate(cluster string) error {
 	if d.Weights && d.Mode == ModeHolder {
 		// Weights share calls among the eligible nodes; a holder takes
 		// them all.
-		return config.Errf("dispatcher.weights", "only with dispatcher.mode: eligible (mode holder sends every call to the holder)")
+		errs = append(errs, config.Errf("dispatcher.weights", "only with dispatcher.mode: eligible (mode holder sends every call to the holder)"))
 	}
 	if d.Weights && d.ListFile == "" {
-		return config.Errf("dispatcher.weights", "needs dispatcher.list_file (Kamailio 5.6 changes weights only by reloading the list)")
+		errs = append(errs, config.Errf("dispatcher.weights", "needs dispatcher.list_file (Kamailio 5.6 changes weights only by reloading the list)"))
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 // Desired computes the dispatcher state of every configured node from the

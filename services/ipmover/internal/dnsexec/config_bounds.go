@@ -35,5 +35,5 @@ func (d *DNSConfig) validateBounds() error {
 			errs = append(errs, config.Errf("dns.key.secret", "want the key in base64, as tsig-keygen prints it"))
 		}
 	}
-	return config.First(errs...)
+	return config.Join(errs...)
 }

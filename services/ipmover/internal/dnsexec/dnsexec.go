@@ -39,18 +39,22 @@ type Config struct {
 	DNS       DNSConfig `yaml:"dns"`
 }
 
-// Validate checks the file after loading.
+// Validate checks the file after loading, reporting every key that is
+// wrong.
 func (c *Config) Validate() error {
-	if err := c.Common.Validate(); err != nil {
-		return err
-	}
-	if err := c.DNS.validateBounds(); err != nil {
-		return err
-	}
+	bounds := c.DNS.validateBounds()
+	errs := []error{c.Common.Validate(), bounds}
 	if c.StateFile == "" {
-		return config.Errf("state_file", "required (it keeps commands at most once across restarts)")
+		errs = append(errs, config.Errf("state_file", "required (it keeps commands at most once across restarts)"))
 	}
-	return c.DNS.validate()
+	return config.Join(append(errs, c.DNS.validate(bounds == nil))...)
+}
+
+// CheckHost checks what the file names on this host (config.HostChecker):
+// the bus's files and http_listen (daemon.Common) and the directory the
+// state file is written in.
+func (c *Config) CheckHost() error {
+	return config.Join(c.Common.CheckHost(), config.ParentDirExists("state_file", c.StateFile))
 }
 
 // DNSConfig moves one DNS name between sites. Each site is a
@@ -63,19 +67,24 @@ type DNSConfig struct {
 	dnsupdate.Config `yaml:",inline"`
 }
 
-func (d *DNSConfig) validate() error {
+// validate checks the section; the updater's own checks (which repeat the
+// bounds' for a value out of range) only when the bounds passed.
+func (d *DNSConfig) validate(boundsOK bool) error {
+	var errs []error
 	if err := events.ValidToken("group", d.Group); err != nil {
-		return &config.FieldError{Key: "dns.group", Err: err}
+		errs = append(errs, &config.FieldError{Key: "dns.group", Err: err})
 	}
-	for site := range d.Sites {
+	for _, site := range slices.Sorted(maps.Keys(d.Sites)) {
 		if err := events.ValidToken("site", site); err != nil {
-			return &config.FieldError{Key: "dns.sites", Err: fmt.Errorf("a site is an arbiter node name: %w", err)}
+			errs = append(errs, &config.FieldError{Key: "dns.sites", Err: fmt.Errorf("a site is an arbiter node name: %w", err)})
 		}
 	}
-	if _, err := dnsupdate.New(d.Config, slog.New(slog.DiscardHandler)); err != nil {
-		return &config.FieldError{Key: "dns", Err: err}
+	if boundsOK {
+		if _, err := dnsupdate.New(d.Config, slog.New(slog.DiscardHandler)); err != nil {
+			errs = append(errs, &config.FieldError{Key: "dns", Err: err})
+		}
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 // dnsExecutor carries out the arbiter's commands for the sites of one DNS

@@ -201,47 +201,43 @@ func (a AnnounceConfig) schedule() announce.Config {
 
 func (g GatewayConfig) build() (gateway.Config, error) {
 	out := gateway.Config{Sysctls: g.Sysctls}
+	var errs []error
 	for i, r := range g.Routes {
 		key := fmt.Sprintf("gateway.routes[%d]", i)
 		to, err := netip.ParsePrefix(r.To)
 		if err != nil {
-			return out, config.Errf(key+".to", "%v", err)
+			errs = append(errs, config.Errf(key+".to", "%v", err))
 		}
 		gr := gateway.Route{To: to, Dev: r.Dev, Metric: r.Metric}
 		if r.Via != "" {
 			if gr.Via, err = netip.ParseAddr(r.Via); err != nil {
-				return out, config.Errf(key+".via", "%v", err)
+				errs = append(errs, config.Errf(key+".via", "%v", err))
 			}
 		}
 		if r.Src != "" {
 			if gr.Src, err = netip.ParseAddr(r.Src); err != nil {
-				return out, config.Errf(key+".src", "%v", err)
+				errs = append(errs, config.Errf(key+".src", "%v", err))
 			}
 		}
 		out.Routes = append(out.Routes, gr)
 	}
-	return out, nil
+	return out, config.Join(errs...)
 }
 
-// Validate checks the file after loading and fills defaults.
+// Validate checks the file after loading and fills defaults, reporting
+// every key that is wrong.
 func (c *Config) Validate() error {
-	if err := c.Common.Validate(); err != nil {
-		return err
-	}
-	if err := c.validateBounds(); err != nil {
-		return err
-	}
+	errs := []error{c.Common.Validate(), c.validateBounds()}
 	if c.Interface == "" {
-		return config.Errf("interface", "required")
+		errs = append(errs, config.Errf("interface", "required"))
 	}
 	if len(c.Groups) == 0 {
-		return config.Errf("groups", "required: the groups this node may hold and their address ranges (see README, upgrading)")
-	}
-	if _, err := c.allowList(); err != nil {
-		return err
+		errs = append(errs, config.Errf("groups", "required: the groups this node may hold and their address ranges (see README, upgrading)"))
+	} else if _, err := c.allowList(); err != nil {
+		errs = append(errs, err)
 	}
 	if c.StateFile == "" {
-		return config.Errf("state_file", "required (it keeps commands at most once across restarts)")
+		errs = append(errs, config.Errf("state_file", "required (it keeps commands at most once across restarts)"))
 	}
 	def := func(d *config.Duration, v time.Duration) {
 		if *d == 0 {
@@ -261,10 +257,7 @@ func (c *Config) Validate() error {
 	def(&c.BusLoss.HeartbeatInterval, busloss.DefaultHeartbeat)
 	def(&c.BusLoss.ArbiterSilentAfter, busloss.DefaultSilentAfter)
 	if c.Verify.Port == 0 {
-		c.Verify.Port = 5060
-	}
-	if c.Verify.Port < 1 || c.Verify.Port > 65535 {
-		return config.Errf("verify.port", "out of range")
+		c.Verify.Port = 5060 // any other value out of 1..65535 is out of the bounds
 	}
 	if c.Answer.Mode == "" {
 		c.Answer.Mode = events.AnswerHot
@@ -276,14 +269,14 @@ func (c *Config) Validate() error {
 			c.Answer.Modules = []string{"res_pjsip.so"}
 		}
 		if c.AMI.Address == "" || c.AMI.Username == "" || c.AMI.Secret == "" {
-			return config.Errf("ami", "answer mode reload needs ami.address, ami.username and ami.secret")
+			errs = append(errs, config.Errf("ami", "answer mode reload needs ami.address, ami.username and ami.secret"))
 		}
 	case events.AnswerRestart:
 		if c.Answer.Unit == "" {
 			c.Answer.Unit = "asterisk.service"
 		}
 	default:
-		return config.Errf("answer.mode", "unknown mode %q (hot, reload, restart)", c.Answer.Mode)
+		errs = append(errs, config.Errf("answer.mode", "unknown mode %q (hot, reload, restart)", c.Answer.Mode))
 	}
 	switch c.BusLoss.Policy {
 	case "":
@@ -292,16 +285,27 @@ func (c *Config) Validate() error {
 	case busloss.Release:
 		if err := busloss.ValidateLease(c.BusLoss.ReleaseAfter.D(), c.BusLoss.CheckEvery.D(),
 			c.BusLoss.HeartbeatInterval.D(), c.BusLoss.ArbiterSilentAfter.D()); err != nil {
-			return &config.FieldError{Key: "bus_loss.release_after", Err: err}
+			errs = append(errs, &config.FieldError{Key: "bus_loss.release_after", Err: err})
 		}
 	default:
-		return config.Errf("bus_loss.policy", "unknown policy %q (hold, release)", c.BusLoss.Policy)
+		errs = append(errs, config.Errf("bus_loss.policy", "unknown policy %q (hold, release)", c.BusLoss.Policy))
 	}
 	if _, err := c.Gateway.build(); err != nil {
-		return err
+		errs = append(errs, err)
 	}
 	if err := c.Announce.schedule().Validate(); err != nil {
-		return &config.FieldError{Key: "announce", Err: err}
+		errs = append(errs, &config.FieldError{Key: "announce", Err: err})
 	}
-	return nil
+	return config.Join(errs...)
+}
+
+// CheckHost checks what the file names on this host (config.HostChecker):
+// the bus's files and http_listen (daemon.Common), the directory the state
+// file is written in (the unit's StateDirectory, the package's
+// tmpfiles.d), and the interface, which must exist here: an "eth0" copied
+// from another host would otherwise fail the first claim, at a failover.
+func (c *Config) CheckHost() error {
+	return config.Join(c.Common.CheckHost(),
+		config.ParentDirExists("state_file", c.StateFile),
+		config.InterfaceExists("interface", c.Interface))
 }

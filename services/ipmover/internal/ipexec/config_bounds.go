@@ -52,5 +52,5 @@ func (c *Config) validateBounds() error {
 	if c.AMI.Address != "" {
 		errs = append(errs, config.HostPort("ami.address", c.AMI.Address, false))
 	}
-	return config.First(errs...)
+	return config.Join(errs...)
 }

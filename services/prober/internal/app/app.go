@@ -14,7 +14,6 @@ import (
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
-	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/fanpbx/fan/services/prober/internal/check"
@@ -33,6 +32,9 @@ type Service struct {
 	states map[string]events.CheckState
 	// figures are the latest numbers the PBX checks reported.
 	figures map[string]float64
+	// systemName is this node's Asterisk systemname as its AMI check last
+	// read it (nil until then).
+	systemName *string
 
 	// gmu orders group transitions: member transitions from concurrent
 	// check loops are folded in and published one at a time.
@@ -50,11 +52,8 @@ type Service struct {
 // Build loads and validates the configuration; it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
 	var cfg Config
-	if err := config.Load(o.ConfigPath, &cfg); err != nil {
+	if err := daemon.LoadConfig(o, &cfg); err != nil {
 		return nil, err
-	}
-	if err := cfg.CheckFiles(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	return New(cfg, o.Logger, o.Version), nil
 }
@@ -199,6 +198,9 @@ func (s *Service) loop(ctx context.Context, b *bus.Outbox, cc CheckConfig, c che
 		ev := evidence(r)
 		if r.OK {
 			s.setFigures(r.Figures)
+			if r.SystemName != nil && cc.Role == events.RoleSelf {
+				s.setSystemName(*r.SystemName)
+			}
 		}
 
 		var resultID string
@@ -332,6 +334,13 @@ func (s *Service) setStateNamed(name string, st events.CheckState) {
 	s.states[name] = st
 }
 
+// setSystemName keeps this node's Asterisk systemname for the heartbeat.
+func (s *Service) setSystemName(name string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.systemName = &name
+}
+
 func (s *Service) setFigures(f map[string]float64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -396,6 +405,7 @@ func (s *Service) heartbeats(ctx context.Context, b *bus.Outbox, turned func()) 
 			n := int(v)
 			hb.ActiveCalls = &n
 		}
+		hb.PBXSystemName = s.systemName
 		s.mu.Unlock()
 		// A heartbeat still waiting for the bus is superseded by this one:
 		// after an outage the newest state goes out first thing.

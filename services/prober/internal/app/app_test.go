@@ -340,3 +340,22 @@ func TestPresenceBeaconsAreFrequentAndNotStored(t *testing.T) {
 		}
 	}
 }
+
+// The heartbeat carries the node's Asterisk systemname, read once per AMI
+// session: fanctl doctor compares it between the PBX nodes.
+func TestHeartbeatCarriesSystemName(t *testing.T) {
+	h := start(t, "right", 100*time.Millisecond, 60*time.Millisecond, 1, 1)
+	h.peer.SetSystemName("pbx-lab")
+	h.peer.DropSessions() // a new session asks again (an Asterisk restart)
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case p := <-h.got:
+			if hb, ok := p.(*events.NodeHeartbeat); ok && hb.PBXSystemName != nil && *hb.PBXSystemName == "pbx-lab" {
+				return
+			}
+		case <-deadline:
+			t.Fatal("no heartbeat with the PBX's systemname")
+		}
+	}
+}

@@ -2,9 +2,11 @@ package app
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -130,11 +132,11 @@ const (
 	maxCheckInterval = time.Hour
 )
 
-// Validate checks the file after loading and fills defaults.
+// Validate checks the file after loading and fills defaults. Every key that
+// is wrong is reported; a check whose kind is unknown is not checked
+// further for what that kind needs.
 func (c *Config) Validate() error {
-	if err := c.Common.Validate(); err != nil {
-		return err
-	}
+	errs := []error{c.Common.Validate()}
 	if c.HeartbeatInterval == 0 {
 		c.HeartbeatInterval = config.Duration(2 * time.Second)
 	}
@@ -147,65 +149,67 @@ func (c *Config) Validate() error {
 	// A zero or negative heartbeat interval panicked in time.NewTicker; the
 	// upper bounds are what events.NodeHeartbeat and the presence beacon
 	// accept, so the arbiter never refuses a well-configured prober.
-	if err := config.First(
+	errs = append(errs,
 		config.DurationIn("heartbeat_interval", c.HeartbeatInterval.D(), events.MinHeartbeatInterval, time.Minute),
 		config.DurationIn("presence_interval", c.PresenceInterval.D(), events.MinBeaconInterval, events.MaxBeaconInterval),
 		config.DurationIn("results_every", c.ResultsEvery.D(), time.Second, time.Hour),
 		config.CountIn("checks", len(c.Checks), 1, maxChecks),
 		config.CountIn("groups", len(c.Groups), 0, maxChecks),
-	); err != nil {
-		return err
-	}
+	)
 	seen := map[string]bool{}
 	for i := range c.Checks {
-		ch := &c.Checks[i]
-		key := func(k string) string { return fmt.Sprintf("checks[%d].%s", i, k) }
-		if err := events.ValidToken("name", ch.Name); err != nil {
-			return &config.FieldError{Key: key("name"), Err: err}
-		}
-		if seen[ch.Name] {
-			return config.Errf(key("name"), "duplicate check name %q", ch.Name)
-		}
-		seen[ch.Name] = true
-		if !knownKinds[ch.Kind] {
-			return config.Errf(key("kind"), "unknown kind %q", ch.Kind)
-		}
-		if err := c.resolveTarget(&ch.Role, &ch.TargetNode, key); err != nil {
-			return err
-		}
-		for k, ok := range ch.kindKeys() {
-			if !ok {
-				return config.Errf(key(k), "does not apply to kind %s", ch.Kind)
-			}
-		}
-		if err := ch.validateKind(key); err != nil {
-			return err
-		}
-		if err := config.DurationIn(key("interval"), ch.Interval.D(), minCheckInterval, maxCheckInterval); err != nil {
-			return err
-		}
-		if ch.Timeout <= 0 || ch.Timeout >= ch.Interval {
-			return config.Errf(key("timeout"), "must be positive and below interval %v, got %v", ch.Interval, ch.Timeout)
-		}
-		if err := config.First(
-			config.IntIn(key("rise"), ch.Rise, 1, events.MaxRiseFall),
-			config.IntIn(key("fall"), ch.Fall, 1, events.MaxRiseFall),
-		); err != nil {
-			return err
-		}
+		errs = append(errs, c.validateCheck(i, seen))
+	}
+	errs = append(errs, c.validateGroups(seen))
+	return config.Join(errs...)
+}
+
+// validateCheck checks one check and fills its defaults.
+func (c *Config) validateCheck(i int, seen map[string]bool) error {
+	ch := &c.Checks[i]
+	key := func(k string) string { return fmt.Sprintf("checks[%d].%s", i, k) }
+	var errs []error
+	if err := events.ValidToken("name", ch.Name); err != nil {
+		errs = append(errs, &config.FieldError{Key: key("name"), Err: err})
+	} else if seen[ch.Name] {
+		errs = append(errs, config.Errf(key("name"), "duplicate check name %q", ch.Name))
+	}
+	seen[ch.Name] = true
+	errs = append(errs, c.resolveTarget(&ch.Role, &ch.TargetNode, key))
+	intervalErr := config.DurationIn(key("interval"), ch.Interval.D(), minCheckInterval, maxCheckInterval)
+	errs = append(errs, intervalErr)
+	// timeout, jitter and decisive_margin are measured against interval
+	// and timeout: with either wrong, they cannot be judged.
+	timed := intervalErr == nil && ch.Timeout > 0 && ch.Timeout < ch.Interval
+	if intervalErr == nil && !timed {
+		errs = append(errs, config.Errf(key("timeout"), "must be positive and below interval %v, got %v", ch.Interval, ch.Timeout))
+	}
+	errs = append(errs,
+		config.IntIn(key("rise"), ch.Rise, 1, events.MaxRiseFall),
+		config.IntIn(key("fall"), ch.Fall, 1, events.MaxRiseFall),
+	)
+	if timed {
 		if ch.Jitter < 0 || ch.Jitter >= ch.Interval-ch.Timeout {
-			return config.Errf(key("jitter"), "must be below interval - timeout (%v)", ch.Interval-ch.Timeout)
+			errs = append(errs, config.Errf(key("jitter"), "must be below interval - timeout (%v)", ch.Interval-ch.Timeout))
 		}
-		if err := ch.validateDecisiveMargin(key); err != nil {
-			return err
-		}
-		if ch.Kind == "sip" && ch.Retransmit == 0 {
-			// RFC 3261's 500 ms T1 would never fire inside a 150 ms probe:
-			// retransmit at least twice within the timeout.
-			ch.Retransmit = config.Duration(min(500*time.Millisecond, ch.Timeout.D()/3))
+		errs = append(errs, ch.validateDecisiveMargin(key))
+	}
+	if !knownKinds[ch.Kind] {
+		return config.Join(append(errs, config.Errf(key("kind"), "unknown kind %q", ch.Kind))...)
+	}
+	kindKeys := ch.kindKeys()
+	for _, k := range slices.Sorted(maps.Keys(kindKeys)) {
+		if !kindKeys[k] {
+			errs = append(errs, config.Errf(key(k), "does not apply to kind %s", ch.Kind))
 		}
 	}
-	return c.validateGroups(seen)
+	errs = append(errs, ch.validateKind(key, timed))
+	if ch.Kind == "sip" && ch.Retransmit == 0 && timed {
+		// RFC 3261's 500 ms T1 would never fire inside a 150 ms probe:
+		// retransmit at least twice within the timeout.
+		ch.Retransmit = config.Duration(min(500*time.Millisecond, ch.Timeout.D()/3))
+	}
+	return config.Join(errs...)
 }
 
 // DefaultDecisiveMargin is a peer check's decisive_margin: a LAN answers in
@@ -233,37 +237,35 @@ func (ch *CheckConfig) validateDecisiveMargin(key func(string) string) error {
 }
 
 func (c *Config) validateGroups(checks map[string]bool) error {
+	var errs []error
 	for i := range c.Groups {
 		g := &c.Groups[i]
 		key := func(k string) string { return fmt.Sprintf("groups[%d].%s", i, k) }
 		if err := events.ValidToken("name", g.Name); err != nil {
-			return &config.FieldError{Key: key("name"), Err: err}
-		}
-		if checks[g.Name] {
-			return config.Errf(key("name"), "%q is already the name of a check or group", g.Name)
+			errs = append(errs, &config.FieldError{Key: key("name"), Err: err})
+		} else if checks[g.Name] {
+			errs = append(errs, config.Errf(key("name"), "%q is already the name of a check or group", g.Name))
 		}
 		checks[g.Name] = true
 		if len(g.Checks) == 0 {
-			return config.Errf(key("checks"), "a group needs at least one check")
+			errs = append(errs, config.Errf(key("checks"), "a group needs at least one check"))
 		}
 		inGroup := map[string]bool{}
 		for j, m := range g.Checks {
-			if !c.hasCheck(m) {
-				return config.Errf(fmt.Sprintf("groups[%d].checks[%d]", i, j), "no check named %q", m)
-			}
-			if inGroup[m] {
-				return config.Errf(fmt.Sprintf("groups[%d].checks[%d]", i, j), "%q listed twice", m)
+			switch {
+			case !c.hasCheck(m):
+				errs = append(errs, config.Errf(fmt.Sprintf("groups[%d].checks[%d]", i, j), "no check named %q", m))
+			case inGroup[m]:
+				errs = append(errs, config.Errf(fmt.Sprintf("groups[%d].checks[%d]", i, j), "%q listed twice", m))
 			}
 			inGroup[m] = true
 		}
-		if g.MinUp < 1 || g.MinUp > len(g.Checks) {
-			return config.Errf(key("min_up"), "must be between 1 and the number of checks (%d), got %d", len(g.Checks), g.MinUp)
+		if len(g.Checks) > 0 && (g.MinUp < 1 || g.MinUp > len(g.Checks)) {
+			errs = append(errs, config.Errf(key("min_up"), "must be between 1 and the number of checks (%d), got %d", len(g.Checks), g.MinUp))
 		}
-		if err := c.resolveTarget(&g.Role, &g.TargetNode, key); err != nil {
-			return err
-		}
+		errs = append(errs, c.resolveTarget(&g.Role, &g.TargetNode, key))
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 func (c *Config) hasCheck(name string) bool {
@@ -275,8 +277,10 @@ func (c *Config) hasCheck(name string) bool {
 	return false
 }
 
-// validateKind checks the keys each kind needs and fills their defaults.
-func (ch *CheckConfig) validateKind(key func(string) string) error {
+// validateKind checks the keys each kind needs and fills their defaults;
+// timed says interval and timeout are valid (retransmit is measured
+// against timeout).
+func (ch *CheckConfig) validateKind(key func(string) string, timed bool) error {
 	hostPort := func() error {
 		if ch.Address == "" {
 			return config.Errf(key("address"), "required (host:port)")
@@ -297,13 +301,15 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		ch.codes = cs
 		return nil
 	}
+	var errs []error
 	switch ch.Kind {
 	case "ami":
-		if err := hostPort(); err != nil {
-			return err
+		errs = append(errs, hostPort())
+		if ch.Username == "" {
+			errs = append(errs, config.Errf(key("username"), "required: ami checks need username and secret"))
 		}
-		if ch.Username == "" || ch.Secret == "" {
-			return config.Errf(key("username"), "ami checks need username and secret")
+		if ch.Secret == "" {
+			errs = append(errs, config.Errf(key("secret"), "required: ami checks need username and secret"))
 		}
 		if ch.LoginTimeout == 0 {
 			ch.LoginTimeout = config.Duration(3 * time.Second)
@@ -311,83 +317,83 @@ func (ch *CheckConfig) validateKind(key func(string) string) error {
 		// Asterisk answers a wrong secret after sleeping 1 s: a shorter
 		// login deadline reports every wrong password as a timeout.
 		if d := ch.LoginTimeout.D(); d <= 1500*time.Millisecond || d > time.Minute {
-			return config.Errf(key("login_timeout"), "must be above 1.5s (Asterisk waits 1 s before refusing a login) and at most 1m, got %v", ch.LoginTimeout)
+			errs = append(errs, config.Errf(key("login_timeout"), "must be above 1.5s (Asterisk waits 1 s before refusing a login) and at most 1m, got %v", ch.LoginTimeout))
 		}
 	case "sip":
 		if _, err := netip.ParseAddrPort(ch.Address); err != nil {
-			return config.Errf(key("address"), "want ip:port: %v", err)
+			errs = append(errs, config.Errf(key("address"), "want ip:port: %v", err))
 		}
 		switch ch.Transport {
 		case "":
 			ch.Transport = "udp"
 		case "udp", "tcp":
 		default:
-			return config.Errf(key("transport"), "want udp or tcp, got %q", ch.Transport)
+			errs = append(errs, config.Errf(key("transport"), "want udp or tcp, got %q", ch.Transport))
 		}
-		if ch.Retransmit < 0 || ch.Retransmit >= ch.Timeout {
-			return config.Errf(key("retransmit"), "must be 0 (default: timeout/3, at most 500ms) or below timeout %v, got %v", ch.Timeout, ch.Retransmit)
+		if ch.Retransmit < 0 || timed && ch.Retransmit >= ch.Timeout {
+			errs = append(errs, config.Errf(key("retransmit"), "must be 0 (default: timeout/3, at most 500ms) or below timeout %v, got %v", ch.Timeout, ch.Retransmit))
 		}
-		return codes(check.DefaultSIPCodes)
+		errs = append(errs, codes(check.DefaultSIPCodes))
 	case "tcp":
-		return hostPort()
+		errs = append(errs, hostPort())
 	case "http":
 		u, err := url.Parse(ch.Address)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return config.Errf(key("address"), "want an http:// or https:// URL, got %q", ch.Address)
+			errs = append(errs, config.Errf(key("address"), "want an http:// or https:// URL, got %q", ch.Address))
 		}
-		if len(ch.Body) > 4096 {
-			return config.Errf(key("body"), "at most 4096 bytes, got %d", len(ch.Body))
-		}
-		if ch.Body != "" {
+		switch {
+		case len(ch.Body) > 4096:
+			errs = append(errs, config.Errf(key("body"), "at most 4096 bytes, got %d", len(ch.Body)))
+		case ch.Body != "":
 			re, err := regexp.Compile(ch.Body)
 			if err != nil {
-				return &config.FieldError{Key: key("body"), Err: err}
+				errs = append(errs, &config.FieldError{Key: key("body"), Err: err})
+			} else {
+				ch.body = re
 			}
-			ch.body = re
 		}
-		return codes([]string{"2xx"})
+		errs = append(errs, codes([]string{"2xx"}))
 	case "dns":
-		if err := hostPort(); err != nil {
-			return err
-		}
+		errs = append(errs, hostPort())
 		if ch.Query == "" || len(ch.Query) > 255 {
-			return config.Errf(key("query"), "required, at most 255 bytes (the name to ask, e.g. the zone for its SOA)")
+			errs = append(errs, config.Errf(key("query"), "required, at most 255 bytes (the name to ask, e.g. the zone for its SOA)"))
 		}
 		if ch.QueryType == "" {
 			ch.QueryType = "SOA"
 		}
 		if _, ok := check.DNSTypes[ch.QueryType]; !ok {
-			return config.Errf(key("query_type"), "unknown type %q", ch.QueryType)
+			errs = append(errs, config.Errf(key("query_type"), "unknown type %q", ch.QueryType))
 		}
 	case "icmp":
 		if _, err := netip.ParseAddr(ch.Address); err != nil {
-			return config.Errf(key("address"), "want an IP address: %v", err)
+			errs = append(errs, config.Errf(key("address"), "want an IP address: %v", err))
 		}
 		switch ch.ICMPMode {
 		case "":
 			ch.ICMPMode = check.ICMPAuto
 		case check.ICMPAuto, check.ICMPRaw, check.ICMPUnprivileged:
 		default:
-			return config.Errf(key("icmp_mode"), "want auto, raw or unprivileged, got %q", ch.ICMPMode)
+			errs = append(errs, config.Errf(key("icmp_mode"), "want auto, raw or unprivileged, got %q", ch.ICMPMode))
 		}
 	case "exec":
 		if len(ch.Command) == 0 || ch.Command[0] == "" {
-			return config.Errf(key("command"), "required (the argv to run)")
+			errs = append(errs, config.Errf(key("command"), "required (the argv to run)"))
 		}
-		if err := config.First(
-			config.CountIn(key("command"), len(ch.Command), 1, 256),
+		countErrs := config.Join(
+			config.CountIn(key("command"), len(ch.Command), 0, 256),
 			config.CountIn(key("secret_args"), len(ch.SecretArgs), 0, 64),
-		); err != nil {
-			return err
-		}
-		if err := check.ValidateSecretArgs(ch.SecretArgs, len(ch.Command)); err != nil {
-			return &config.FieldError{Key: key("secret_args"), Err: err}
+		)
+		errs = append(errs, countErrs)
+		if countErrs == nil {
+			if err := check.ValidateSecretArgs(ch.SecretArgs, len(ch.Command)); err != nil {
+				errs = append(errs, &config.FieldError{Key: key("secret_args"), Err: err})
+			}
 		}
 		if ch.Address != "" {
-			return config.Errf(key("address"), "does not apply to kind exec (the command is the target)")
+			errs = append(errs, config.Errf(key("address"), "does not apply to kind exec (the command is the target)"))
 		}
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 // resolveTarget defaults a check's or group's role to self (aimed at this
@@ -400,6 +406,7 @@ func (c *Config) resolveTarget(role *events.Role, target *string, key func(strin
 	case events.RoleSelf:
 		if *target == "" {
 			*target = c.Node
+			return nil // node is checked as node
 		}
 	case events.RolePeer, events.RoleVIP:
 		if *target == "" {

@@ -57,6 +57,9 @@ type AMI struct {
 	status   ami.CoreStatus
 	statusOf *ami.Client
 	statusAt time.Time
+	// The systemname session settingsOf reported (nil: it refused to say).
+	systemName *string
+	settingsOf *ami.Client
 }
 
 // NewAMI prepares the check; it dials on the first run and again after the
@@ -87,6 +90,7 @@ func (a *AMI) Run(ctx context.Context) Result {
 		return finishAMI(start, err)
 	}
 	r := finishAMI(start, nil)
+	r.SystemName = a.settings(ctx, c)
 	r.Figures = map[string]float64{
 		"active_channels":      float64(counts.Channels),
 		"active_calls":         float64(counts.Calls),
@@ -119,6 +123,36 @@ func (a *AMI) coreStatus(ctx context.Context, c *ami.Client, now time.Time) (ami
 	}
 	a.status, a.statusOf, a.statusAt = st, c, now
 	return st, nil
+}
+
+// settings returns the systemname Asterisk reports (CoreSettings), asked
+// once per session, after the health questions and only with time left in
+// the run: it never decides the verdict. A refusal (the user may not ask:
+// CoreSettings needs write class system or reporting) is logged once per
+// session and leaves the name unknown; a timeout is asked again next run.
+func (a *AMI) settings(ctx context.Context, c *ami.Client) *string {
+	a.smu.Lock()
+	name, asked := a.systemName, a.settingsOf == c
+	a.smu.Unlock()
+	if asked || ctx.Err() != nil {
+		return name
+	}
+	resp, err := c.Action(ctx, "CoreSettings")
+	if err != nil {
+		return nil
+	}
+	name = nil
+	if resp.Success() {
+		n := resp.Field("SystemName")
+		name = &n
+	} else {
+		a.log.Warn("ami: CoreSettings refused, the systemname goes unreported (manager.conf: write = system)",
+			"addr", a.cfg.Addr, "message", resp.Message())
+	}
+	a.smu.Lock()
+	a.systemName, a.settingsOf = name, c
+	a.smu.Unlock()
+	return name
 }
 
 func finishAMI(start time.Time, err error) Result {

@@ -72,3 +72,60 @@ func TestAMIAsksCoreStatusPerSessionNotPerRun(t *testing.T) {
 	}
 	wantFail(t, "failing PBX", run(t, a, time.Second), events.ErrorUnhealth)
 }
+
+// The systemname is asked once per session, after the health questions, and
+// a user who may not ask (CoreSettings needs write class system or
+// reporting) leaves it unknown without failing the check.
+func TestAMIReadsSystemNameOncePerSession(t *testing.T) {
+	peer, err := amipeer.Start(amipeer.Config{SystemName: "pbx-lab", Users: []amipeer.User{
+		{Name: "fan", Secret: "s", Read: []string{"system"}, Write: []string{"system", "command"}},
+		{Name: "cmd", Secret: "s", Write: []string{"command"}},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	healthyRun := func(a *AMI) Result {
+		t.Helper()
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+			if r := run(t, a, time.Second); !r.NoVerdict {
+				wantOK(t, "run", r)
+				return r
+			}
+		}
+		t.Fatal("no verdict within 5 s")
+		return Result{}
+	}
+	a := NewAMI(ami.Config{Addr: peer.Addr(), Username: "fan", Secret: "s", LoginTimeout: 3 * time.Second}, slog.New(slog.DiscardHandler))
+	defer a.Close()
+	for range 3 {
+		if r := healthyRun(a); r.SystemName == nil || *r.SystemName != "pbx-lab" {
+			t.Fatalf("system name %v, want pbx-lab", r.SystemName)
+		}
+	}
+	asked := 0
+	for _, act := range peer.Actions() {
+		if act.Name == "CoreSettings" {
+			asked++
+		}
+	}
+	if asked != 1 {
+		t.Fatalf("CoreSettings asked %d times in one session, want 1", asked)
+	}
+
+	denied := NewAMI(ami.Config{Addr: peer.Addr(), Username: "cmd", Secret: "s", LoginTimeout: 3 * time.Second}, slog.New(slog.DiscardHandler))
+	defer denied.Close()
+	// CoreStatus needs system too: this user's runs fail on it, not on
+	// CoreSettings; what matters is that no name is made up.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
+		r := run(t, denied, time.Second)
+		if r.NoVerdict {
+			continue
+		}
+		if r.SystemName != nil {
+			t.Fatalf("a user without the right reported system name %q", *r.SystemName)
+		}
+		return
+	}
+	t.Fatal("no verdict within 5 s")
+}

@@ -26,6 +26,9 @@ type Result struct {
 	Class    events.ErrorClass
 	// Figures are numbers the check learned (active channels, calls, status).
 	Figures map[string]float64
+	// SystemName is the PBX's systemname (AMI CoreSettings), when the check
+	// knows it: an AMI check asks once per session.
+	SystemName *string
 	// NoVerdict says the run could not tell yet (an AMI login still in
 	// flight that may be Asterisk's one-second wait before "Authentication
 	// failed"). It is neither a success nor a failure and must not feed

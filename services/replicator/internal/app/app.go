@@ -15,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/services/replicator/internal/astdb"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
@@ -39,11 +40,20 @@ type TreeConfig struct {
 
 // AstDBConfig carries AstDB families between the nodes' running Asterisks.
 type AstDBConfig struct {
-	Enabled  bool            `yaml:"enabled"`
-	Name     string          `yaml:"name"`
-	Families []string        `yaml:"families"`
+	Enabled  bool     `yaml:"enabled"`
+	Name     string   `yaml:"name"`
+	Families []string `yaml:"families"`
+	// Interval is how often the holder reads the families Asterisk
+	// reports no changes of (all but registrar).
 	Interval config.Duration `yaml:"interval"`
-	AMI      struct {
+	// ReconcileInterval is how often the holder reads every family whole
+	// and publishes it as a manifest: what no event reported reaches the
+	// standbys then at the latest.
+	ReconcileInterval config.Duration `yaml:"reconcile_interval"`
+	// EventBuffer is how many Asterisk events wait to be read before the
+	// next is dropped (and a reconcile made).
+	EventBuffer int `yaml:"event_buffer"`
+	AMI         struct {
 		Address  string `yaml:"address"`
 		Username string `yaml:"username"`
 		Secret   string `yaml:"secret"`
@@ -144,14 +154,9 @@ func checkTreePath(key, p, stateDir string) error {
 
 // Validate fills defaults and checks the file after loading.
 func (c *Config) Validate() error {
-	if err := c.Common.Validate(); err != nil {
-		return err
-	}
-	if err := c.validateBounds(); err != nil {
-		return err
-	}
+	errs := []error{c.Common.Validate(), c.validateBounds()}
 	if err := events.ValidToken("group", c.Group); err != nil {
-		return &config.FieldError{Key: "group", Err: err}
+		errs = append(errs, &config.FieldError{Key: "group", Err: err})
 	}
 	if c.StateDir == "" {
 		c.StateDir = "/var/lib/fan/replicator"
@@ -169,13 +174,13 @@ func (c *Config) Validate() error {
 		c.Workers = 4
 	}
 	if c.Workers < 1 || c.Workers > 64 {
-		return config.Errf("workers", "must be 1..64, got %d", c.Workers)
+		errs = append(errs, config.Errf("workers", "must be 1..64, got %d", c.Workers))
 	}
 	if c.Safety.MaxDeleteShare == 0 {
 		c.Safety.MaxDeleteShare = 0.10
 	}
 	if c.Safety.MaxDeleteShare < 0 || c.Safety.MaxDeleteShare > 1 {
-		return config.Errf("safety.max_delete_share", "must be in (0, 1], got %v", c.Safety.MaxDeleteShare)
+		errs = append(errs, config.Errf("safety.max_delete_share", "must be in (0, 1], got %v", c.Safety.MaxDeleteShare))
 	}
 	if c.Safety.AllowDeletes == nil {
 		two := 2
@@ -199,31 +204,33 @@ func (c *Config) Validate() error {
 		t := &c.Trees[i]
 		key := fmt.Sprintf("trees[%d]", i)
 		if err := events.ValidToken("name", t.Name); err != nil {
-			return &config.FieldError{Key: key + ".name", Err: err}
-		}
-		if names[t.Name] {
-			return config.Errf(key+".name", "%q used twice", t.Name)
+			errs = append(errs, &config.FieldError{Key: key + ".name", Err: err})
+		} else if names[t.Name] {
+			errs = append(errs, config.Errf(key+".name", "%q used twice", t.Name))
 		}
 		names[t.Name] = true
+		// Where a tree lies is judged from an absolute path only.
 		if !filepath.IsAbs(t.Path) {
-			return config.Errf(key+".path", "must be absolute, got %q", t.Path)
+			errs = append(errs, config.Errf(key+".path", "must be absolute, got %q", t.Path))
+			continue
 		}
 		t.Path = filepath.Clean(t.Path)
 		if err := checkTreePath(key+".path", t.Path, filepath.Clean(c.StateDir)); err != nil {
-			return err
+			errs = append(errs, err)
+			continue
 		}
 		real := resolved(t.Path)
 		for j := range i {
 			o := c.Trees[j].Path
 			for _, pair := range [][2]string{{t.Path, o}, {real, resolved(o)}} {
 				if within(pair[0], pair[1]) || within(pair[1], pair[0]) {
-					return config.Errf(key+".path", "%s overlaps trees[%d].path %s: a tree inside another would be written by both", t.Path, j, o)
+					errs = append(errs, config.Errf(key+".path", "%s overlaps trees[%d].path %s: a tree inside another would be written by both", t.Path, j, o))
 				}
 			}
 		}
 		for _, n := range neverReplicated {
 			if t.Path == n || strings.HasPrefix(t.Path, n+"/") {
-				return config.Errf(key+".path", "%s is never replicated", n)
+				errs = append(errs, config.Errf(key+".path", "%s is never replicated", n))
 			}
 			// A tree above a never-replicated path leaves it out.
 			if rel, ok := strings.CutPrefix(n, t.Path+"/"); ok {
@@ -231,7 +238,7 @@ func (c *Config) Validate() error {
 			}
 		}
 		if _, err := fstree.NewExcluder(t.Exclude); err != nil {
-			return &config.FieldError{Key: key + ".exclude", Err: err}
+			errs = append(errs, &config.FieldError{Key: key + ".exclude", Err: err})
 		}
 	}
 	if c.AstDB.Enabled {
@@ -239,27 +246,32 @@ func (c *Config) Validate() error {
 			c.AstDB.Name = "astdb"
 		}
 		if err := events.ValidToken("name", c.AstDB.Name); err != nil {
-			return &config.FieldError{Key: "astdb.name", Err: err}
-		}
-		if names[c.AstDB.Name] {
-			return config.Errf("astdb.name", "%q is also a tree's name", c.AstDB.Name)
+			errs = append(errs, &config.FieldError{Key: "astdb.name", Err: err})
+		} else if names[c.AstDB.Name] {
+			errs = append(errs, config.Errf("astdb.name", "%q is also a tree's name", c.AstDB.Name))
 		}
 		if len(c.AstDB.Families) == 0 {
 			c.AstDB.Families = []string{"registrar"}
 		}
 		for _, f := range c.AstDB.Families {
 			if f == "" || strings.ContainsAny(f, "/ ") {
-				return config.Errf("astdb.families", "bad family %q", f)
+				errs = append(errs, config.Errf("astdb.families", "bad family %q", f))
 			}
 		}
 		if c.AstDB.Interval == 0 {
 			c.AstDB.Interval = config.Duration(time.Second)
 		}
+		if c.AstDB.ReconcileInterval == 0 {
+			c.AstDB.ReconcileInterval = config.Duration(time.Minute)
+		}
+		if c.AstDB.EventBuffer == 0 {
+			c.AstDB.EventBuffer = 8192
+		}
 		if c.AstDB.AMI.Address == "" || c.AstDB.AMI.Username == "" || c.AstDB.AMI.Secret == "" {
-			return config.Errf("astdb.ami", "address, username and secret are required")
+			errs = append(errs, config.Errf("astdb.ami", "address, username and secret are required"))
 		}
 	}
-	return nil
+	return config.Join(errs...)
 }
 
 // Service is a running replicator.
@@ -272,14 +284,8 @@ type Service struct {
 // Build loads the configuration; it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
 	var cfg Config
-	if err := config.Load(o.ConfigPath, &cfg); err != nil {
+	if err := daemon.LoadConfig(o, &cfg); err != nil {
 		return nil, err
-	}
-	if err := cfg.CheckFiles(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
-	}
-	if err := cfg.checkDirs(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	return New(cfg, o.Logger, o.Version), nil
 }
@@ -290,15 +296,19 @@ func Build(o daemon.Options) (daemon.Service, error) {
 // Only here, not in Validate: a configuration is also validated where these
 // paths are not the host's (tests, fanctl replay).
 func (c *Config) checkDirs() error {
+	var errs []error
 	for i, t := range c.Trees {
-		if t.Create {
-			continue
-		}
-		if err := config.DirExists(fmt.Sprintf("trees[%d].path", i), t.Path); err != nil {
-			return err
+		if !t.Create {
+			errs = append(errs, config.DirExists(fmt.Sprintf("trees[%d].path", i), t.Path))
 		}
 	}
-	return nil
+	return config.Join(errs...)
+}
+
+// CheckHost checks what the file names on this host (config.HostChecker):
+// the bus's files and http_listen (daemon.Common) and the trees.
+func (c *Config) CheckHost() error {
+	return config.Join(c.Common.CheckHost(), c.checkDirs())
 }
 
 // New makes a service from a validated configuration.
@@ -337,11 +347,16 @@ func (s *Service) Run(ctx context.Context) error {
 					PreserveOwner: t.PreserveOwner, PreserveSpecialBits: t.PreserveSpecialBits}})
 		}
 		if s.cfg.AstDB.Enabled {
+			// The session follows ContactStatus events (system class) as
+			// they happen, and keeps its connection up to do so.
 			sess := ami.NewSession(ami.Config{Addr: s.cfg.AstDB.AMI.Address, Username: s.cfg.AstDB.AMI.Username,
-				Secret: s.cfg.AstDB.AMI.Secret}, s.log.With("component", "ami"))
+				Secret: s.cfg.AstDB.AMI.Secret, Events: true, EventMask: "system",
+				EventNames: []string{astdb.ContactStatusEvent}, EventBuffer: s.cfg.AstDB.EventBuffer},
+				s.log.With("component", "ami"))
 			defer sess.Close()
-			ecfg.Trees = append(ecfg.Trees, replicate.Tree{Name: s.cfg.AstDB.Name, AMI: sess,
-				Families: s.cfg.AstDB.Families, Poll: s.cfg.AstDB.Interval.D()})
+			ecfg.Trees = append(ecfg.Trees, replicate.Tree{Name: s.cfg.AstDB.Name, AMI: sess, Watch: sess,
+				Families: s.cfg.AstDB.Families, Poll: s.cfg.AstDB.Interval.D(),
+				Reconcile: s.cfg.AstDB.ReconcileInterval.D()})
 		}
 		ecfg.Outbox = rt.Outbox
 		eng, err := replicate.New(ecfg, rt.Bus, st, rt.Metrics, s.log)

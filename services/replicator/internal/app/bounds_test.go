@@ -33,6 +33,9 @@ func TestConfigBounds(t *testing.T) {
 		{Key: "safety.max_delete_share", Value: -0.5},
 		{Key: "safety.allow_deletes", Value: -1},
 		{Key: "astdb.interval", Value: "-1s"},
+		{Key: "astdb.reconcile_interval", Value: "1s"},
+		{Key: "astdb.reconcile_interval", Value: "2h"},
+		{Key: "astdb.event_buffer", Value: -1},
 		{Key: "astdb.ami.address", Value: "127.0.0.1:99999"},
 	}...))
 }

@@ -22,6 +22,8 @@ func (c *Config) validateBounds() error {
 		config.DurationOrZero("gc_interval", c.GCInterval.D(), time.Minute, 7*24*time.Hour),
 		config.DurationOrZero("gc_grace", c.GCGrace.D(), time.Minute, 30*24*time.Hour),
 		config.DurationOrZero("astdb.interval", c.AstDB.Interval.D(), 100*time.Millisecond, time.Hour),
+		config.DurationOrZero("astdb.reconcile_interval", c.AstDB.ReconcileInterval.D(), 5*time.Second, time.Hour),
+		config.IntIn("astdb.event_buffer", c.AstDB.EventBuffer, 0, 1<<20),
 		config.CountIn("trees", len(c.Trees), 0, maxTrees),
 		config.CountIn("astdb.families", len(c.AstDB.Families), 0, maxFamilies),
 		config.IntIn("store_pass_mib", c.StorePassMiB, 0, 1<<20),
@@ -35,5 +37,5 @@ func (c *Config) validateBounds() error {
 	if c.AstDB.AMI.Address != "" {
 		errs = append(errs, config.HostPort("astdb.ami.address", c.AstDB.AMI.Address, false))
 	}
-	return config.First(errs...)
+	return config.Join(errs...)
 }

@@ -90,7 +90,10 @@ type Manifest struct {
 	// noticed on the source: the start of the lag a target's apply ends.
 	Changed time.Time `json:"changed"`
 	Digest  string    `json:"digest"`
-	Entries []Entry   `json:"entries"`
+	// AsOf, in an AstDB tree's manifest, is the last delta (its
+	// events.AstDBDelta Seq) whose changes the entries include.
+	AsOf    uint64  `json:"as_of,omitempty"`
+	Entries []Entry `json:"entries"`
 }
 
 // Sort orders entries by path, which puts every directory before its contents.

@@ -40,9 +40,16 @@ type Tree struct {
 	// AstDB: AMI reaches this node's Asterisk; Families are carried.
 	AMI      astdb.Actioner
 	Families []string
-	// Poll is how often an AstDB source reads its families (AstDB sends
-	// no change notifications).
+	// Watch follows this node's Asterisk's events: with it the registrar
+	// family's changes are published as Asterisk reports them (nil: no
+	// family is reported, every one is polled).
+	Watch astdb.EventSource
+	// Poll is how often an AstDB source reads the families Asterisk
+	// reports no changes of (all but registrar; every one without Watch).
 	Poll time.Duration
+	// Reconcile is how often an AstDB source reads every family whole and
+	// publishes it as a manifest; 0 means a minute.
+	Reconcile time.Duration
 }
 
 func (t Tree) isAstDB() bool { return t.AMI != nil }
@@ -176,7 +183,7 @@ func (e *Engine) Run(ctx context.Context) error {
 		return fmt.Errorf("replicator: %w", err)
 	}
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
+	errs := make(chan error, 8)
 	goRun := func(f func(context.Context) error) {
 		wg.Add(1)
 		go func() {
@@ -225,6 +232,9 @@ func (e *Engine) Run(ctx context.Context) error {
 	}
 	if e.cfg.GCInterval > 0 {
 		goRun(e.gcLoop)
+	}
+	if e.hasAstDB() {
+		goRun(e.answerResyncs)
 	}
 	for _, w := range e.trees {
 		goRun(w.run)

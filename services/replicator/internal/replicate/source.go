@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/services/replicator/internal/astdb"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
 )
@@ -56,6 +55,8 @@ type source struct {
 	// rewritten counts the files putFile left to the next pass in the
 	// current one (the sender's and the worker's uploads both count).
 	rewritten atomic.Int32
+	// reg is an AstDB tree's state (astdbtree.go).
+	reg astdbSource
 }
 
 // storeRoom is how many bytes of new contents a pass may still store in
@@ -169,6 +170,11 @@ func (w *source) start(ctx context.Context) {
 	w.recent = nil
 	w.room.forget()
 	w.changedAt, w.dirty = time.Now(), true
+	if w.t.isAstDB() {
+		// Read afresh; the sequence goes on above anything a standby saw.
+		w.reg.mirror.Reset()
+		w.reg.seq = max(w.reg.seq, uint64(time.Now().UnixNano()))
+	}
 	w.pass(ctx, true)
 }
 
@@ -187,9 +193,7 @@ func (w *source) stop() {
 // the scan has found so far.
 func (w *source) read(ctx context.Context, snd *sender, prog *scanProgress) ([]fstree.Entry, error) {
 	if w.t.isAstDB() {
-		actx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		defer cancel()
-		return astdb.Read(actx, w.t.AMI, w.t.Families)
+		return w.reconcile(ctx)
 	}
 	var hooks fstree.ScanHooks
 	if prog != nil {
@@ -324,6 +328,9 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 		Cluster: w.e.cfg.Cluster, Group: w.e.cfg.Group, Tree: w.t.Name, Node: w.e.cfg.Node,
 		Epoch: epoch, Generation: gen, Created: start.UTC(), Changed: changedAt.UTC(), Digest: digest, Entries: entries,
 	}
+	if w.t.isAstDB() {
+		m.AsOf = w.reg.seq
+	}
 	if err := w.e.store.PutManifest(ctx, m); err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn("publishing manifest failed", "err", err)
@@ -342,6 +349,13 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 	}
 	if !w.dirty {
 		w.changedAt = time.Time{}
+	}
+	if w.t.isAstDB() {
+		// Confirmations need its generation and digest, not its records:
+		// the holder keeps those once, in its mirror.
+		head := *m
+		head.Entries = nil
+		m = &head
 	}
 	w.recent = append(w.recent, published{m: m, started: start, published: time.Now()})
 	if len(w.recent) > keepRecent {
@@ -638,7 +652,7 @@ func (w *source) onAck(ctx context.Context, am ackMsg) {
 		CaughtUp:   caught, Error: a.Error,
 	}
 	w.e.emit(ctx, st, events.WithEpoch(w.role.Epoch), events.CausedBy(am.env))
-	if a.Error == "" {
+	if a.Error == "" && !w.t.isAstDB() {
 		// What a peer confirmed is what this node may later treat as
 		// replicated: a file published but never confirmed stays "local"
 		// and is preserved, not deleted, if this node becomes a target.

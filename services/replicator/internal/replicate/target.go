@@ -29,6 +29,8 @@ type target struct {
 	// confirmation, which counts it as part of the pass it confirms.
 	progressGen  uint64
 	progressDone fstree.ApplyResult
+	// reg is an AstDB tree's state (astdbtree.go).
+	reg astdbTarget
 }
 
 // namedAs says whether a manifest's header is that of this cluster, group
@@ -47,6 +49,9 @@ func (w *target) namedAs(m *fstree.Manifest, name string) bool {
 // (generations come from the holder's clock).
 func (w *target) newRole() {
 	w.progressDone, w.progressGen = fstree.ApplyResult{}, 0
+	if w.t.isAstDB() {
+		w.reg.reset()
+	}
 }
 
 // apply makes this node's tree match the holder's current manifest and
@@ -105,11 +110,18 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 	var res fstree.ApplyResult
 	if w.t.isAstDB() {
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		var ar astdb.Result
-		ar, err = astdb.Apply(actx, w.t.AMI, w.t.Families, m.Entries,
-			astdb.Options{MaxDeleteShare: w.e.cfg.MaxDeleteShare, AllowDeletes: w.e.cfg.AllowDeletes})
+		first := w.reg.lastSeq == 0
+		var ar astdb.ManifestResult
+		ar, err = astdb.ApplyManifest(actx, w.t.AMI, w.t.Families, m.Entries, astdb.ManifestOptions{
+			Newer:          func(k string) bool { return w.reg.keySeq[k] > m.AsOf },
+			Held:           func(k string) bool { return w.reg.held[k] },
+			MaxDeleteShare: w.e.cfg.MaxDeleteShare, AllowDeletes: w.e.cfg.AllowDeletes, Parallel: astdbParallel,
+		})
 		cancel()
 		res.Files, res.Deleted = ar.Put, ar.Deleted
+		if err == nil {
+			w.afterManifest(ctx, m, ar, first)
+		}
 	} else {
 		res, err = fstree.Apply(ctx, w.sc, m.Entries, w.applyOptions(m, start, false))
 	}
@@ -133,9 +145,11 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 	}
 	w.e.m.passes.WithLabelValues(w.t.Name, "target", outcome).Inc()
 	if err == nil {
-		w.known = fstree.KnownOf(m.Entries)
-		if serr := w.saveKnown(); serr != nil {
-			w.log.Warn("saving state", "err", serr)
+		if !w.t.isAstDB() {
+			w.known = fstree.KnownOf(m.Entries)
+			if serr := w.saveKnown(); serr != nil {
+				w.log.Warn("saving state", "err", serr)
+			}
 		}
 		newGen := m.Generation != w.appliedGen || m.Epoch != w.appliedEp
 		w.appliedGen, w.appliedEp = m.Generation, m.Epoch

@@ -13,10 +13,13 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/durablefile"
+	"github.com/fanpbx/fan/services/replicator/internal/astdb"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fsnotify/fsnotify"
+	"github.com/nats-io/nats.go"
 )
 
 type ackMsg struct {
@@ -72,6 +75,13 @@ type worker struct {
 	ackMu      sync.Mutex
 	acks       []ackMsg
 	ackCh      chan struct{}
+
+	// AstDB trees: the deltas of the holder followed (deltaFrom, through
+	// deltaSub), and standbys' requests for a reconcile.
+	deltaMsgs chan *nats.Msg
+	deltaSub  *nats.Subscription
+	deltaFrom string
+	resyncCh  chan struct{}
 }
 
 func newWorker(e *Engine, t Tree) (*worker, error) {
@@ -88,10 +98,17 @@ func newWorker(e *Engine, t Tree) (*worker, error) {
 		return nil, err
 	}
 	sh.known = k
-	return &worker{
+	w := &worker{
 		shared: sh, src: newSource(sh), tgt: &target{shared: sh},
 		manifestCh: make(chan struct{}, 1), ackCh: make(chan struct{}, 1),
-	}, nil
+	}
+	if t.isAstDB() {
+		w.src.reg.mirror = astdb.NewMirror(t.Families)
+		w.tgt.reg.reset()
+		w.deltaMsgs = make(chan *nats.Msg, 1024)
+		w.resyncCh = make(chan struct{}, 1)
+	}
+	return w, nil
 }
 
 func (w *worker) ack(a ackMsg) {
@@ -110,12 +127,40 @@ func (w *worker) run(ctx context.Context) error {
 	}
 	scan := time.NewTicker(w.e.cfg.ScanInterval)
 	defer scan.Stop()
-	var poll <-chan time.Time
+	var (
+		poll, reconcile <-chan time.Time
+		astdbEvents     <-chan ami.Event
+		astdbGaps       <-chan struct{}
+	)
+	resyncLater := time.NewTimer(time.Hour)
+	resyncLater.Stop()
 	if w.t.isAstDB() {
-		p := time.NewTicker(max(w.t.Poll, 100*time.Millisecond))
-		defer p.Stop()
-		poll = p.C
+		if len(w.t.polledFamilies()) > 0 {
+			p := time.NewTicker(max(w.t.Poll, 100*time.Millisecond))
+			defer p.Stop()
+			poll = p.C
+		}
+		every := w.t.Reconcile
+		if every <= 0 {
+			every = time.Minute
+		}
+		r := time.NewTicker(every)
+		defer r.Stop()
+		reconcile = r.C
+		if w.t.Watch != nil {
+			astdbEvents, astdbGaps = w.t.Watch.Events(), w.t.Watch.Gaps()
+		}
 	}
+	askAgain := time.NewTicker(resyncEvery)
+	defer askAgain.Stop()
+	if !w.t.isAstDB() {
+		askAgain.Stop()
+	}
+	defer func() {
+		if w.deltaSub != nil {
+			_ = w.deltaSub.Unsubscribe()
+		}
+	}()
 	debounce := time.NewTimer(time.Hour)
 	debounce.Stop()
 	retry := time.NewTimer(time.Hour)
@@ -126,6 +171,27 @@ func (w *worker) run(ctx context.Context) error {
 		select {
 		case <-ctx.Done():
 			return nil
+		case ev := <-astdbEvents:
+			w.onAstDBEvents(ctx, ev)
+		case <-astdbGaps:
+			w.onAstDBGap(ctx)
+		case msg := <-w.deltaMsgs:
+			w.onDeltaMsg(ctx, msg)
+		case <-w.resyncCh:
+			w.onResyncRequest(ctx, resyncLater)
+		case <-resyncLater.C:
+			w.onResyncRequest(ctx, resyncLater)
+		case <-askAgain.C:
+			if w.isTarget() && w.tgt.reg.gapAt != 0 {
+				w.tgt.askResync(ctx)
+			}
+		case <-reconcile:
+			// The holder reads its families whole; a standby re-checks its
+			// own against the holder's manifest, repairing local drift.
+			w.followHolder()
+			if !w.onTick(ctx, false) {
+				retry.Reset(w.retryIn(time.Second))
+			}
 		case <-w.roleCh:
 			w.onRole(ctx)
 		case t := <-w.fsCh:
@@ -144,7 +210,7 @@ func (w *worker) run(ctx context.Context) error {
 			}
 		case <-poll:
 			if w.isSource() {
-				w.src.pass(ctx, false)
+				w.src.poll(ctx)
 			}
 		case <-w.manifestCh:
 			if w.isTarget() && !w.tgt.apply(ctx, false) {
@@ -166,7 +232,14 @@ func (w *worker) run(ctx context.Context) error {
 				retry.Reset(w.retryIn(0))
 			}
 		case <-scan.C:
-			w.onTick(ctx, false)
+			if w.t.isAstDB() {
+				// Its reconcile ticker does the rest, less often.
+				if w.isSource() {
+					w.src.updateLag()
+				}
+			} else {
+				w.onTick(ctx, false)
+			}
 		}
 		if w.giveUp != nil {
 			return w.giveUp
@@ -214,6 +287,9 @@ func (w *worker) onRole(ctx context.Context) {
 	}
 	was := w.isSource()
 	w.role = r
+	if w.t.isAstDB() {
+		w.followHolder()
+	}
 	// A new role starts afresh: whatever could not be confirmed was about
 	// the old one.
 	w.confirmedStatus(CondSourceUnconfirmed)

@@ -55,11 +55,8 @@ const condPlanUnwritten = "plan_unwritten"
 // Build loads the configuration; it starts nothing.
 func Build(o daemon.Options) (daemon.Service, error) {
 	var cfg Config
-	if err := config.Load(o.ConfigPath, &cfg); err != nil {
+	if err := daemon.LoadConfig(o, &cfg); err != nil {
 		return nil, err
-	}
-	if err := cfg.CheckFiles(); err != nil {
-		return nil, fmt.Errorf("config %s: %w", o.ConfigPath, err)
 	}
 	s, err := New(cfg, o.Logger, o.Version)
 	if err != nil {

@@ -54,28 +54,25 @@ type OnceConfig struct {
 	To   string `yaml:"to"`
 }
 
-// Validate checks the file after loading and fills defaults.
+// Validate checks the file after loading and fills defaults, reporting
+// every key that is wrong.
 func (c *Config) Validate() error {
-	if err := c.Common.Validate(); err != nil {
-		return err
-	}
+	errs := []error{c.Common.Validate()}
 	if c.TickEvery == 0 {
 		c.TickEvery = config.Duration(time.Minute)
 	}
 	if d := c.TickEvery.D(); d < time.Second || d > time.Minute {
-		return config.Errf("tick_every", "must be between 1s and 1m, got %v", d)
+		errs = append(errs, config.Errf("tick_every", "must be between 1s and 1m, got %v", d))
 	}
 	if c.PlanAhead == 0 {
 		c.PlanAhead = 5
 	}
 	if c.PlanAhead < 1 || c.PlanAhead > 100 {
-		return config.Errf("plan_ahead", "must be 1..100, got %d", c.PlanAhead)
+		errs = append(errs, config.Errf("plan_ahead", "must be 1..100, got %d", c.PlanAhead))
 	}
-	if err := config.CountIn("groups", len(c.Groups), 0, maxGroups); err != nil {
-		return err
-	}
+	errs = append(errs, config.CountIn("groups", len(c.Groups), 0, maxGroups))
 	_, err := c.schedules()
-	return err
+	return config.Join(append(errs, err)...)
 }
 
 // Ranges of the scheduler's lists (README "Configuration"). A one-off
@@ -95,94 +92,104 @@ var dayNames = map[string][]time.Weekday{
 	"weekends": {time.Saturday, time.Sunday},
 }
 
-// schedules turns the file into window schedules, naming the key of the first error.
+// schedules turns the file into window schedules; the error names every
+// key that is wrong (a window with one is left out of the result).
 func (c *Config) schedules() (map[string]window.Schedule, error) {
 	out := map[string]window.Schedule{}
+	var errs []error
 	for gi, g := range c.Groups {
 		gk := func(k string) string { return fmt.Sprintf("groups[%d].%s", gi, k) }
 		if err := events.ValidToken("name", g.Name); err != nil {
-			return nil, &config.FieldError{Key: gk("name"), Err: err}
-		}
-		if _, dup := out[g.Name]; dup {
-			return nil, config.Errf(gk("name"), "duplicate group %q", g.Name)
+			errs = append(errs, &config.FieldError{Key: gk("name"), Err: err})
+		} else if _, dup := out[g.Name]; dup {
+			errs = append(errs, config.Errf(gk("name"), "duplicate group %q", g.Name))
 		}
 		var sch window.Schedule
-		if err := config.CountIn(gk("windows"), len(g.Windows), 0, maxWindows); err != nil {
-			return nil, err
-		}
+		errs = append(errs, config.CountIn(gk("windows"), len(g.Windows), 0, maxWindows))
 		for wi, w := range g.Windows {
-			wk := func(k string) string { return gk(fmt.Sprintf("windows[%d].%s", wi, k)) }
-			if err := config.First(
-				config.CountIn(wk("weekly"), len(w.Weekly), 0, maxRanges),
-				config.CountIn(wk("once"), len(w.Once), 0, maxRanges),
-				config.CountIn(wk("blackout_dates"), len(w.BlackoutDates), 0, maxBlackouts),
-			); err != nil {
-				return nil, err
-			}
-			if err := events.ValidToken("name", w.Name); err != nil {
-				return nil, &config.FieldError{Key: wk("name"), Err: err}
-			}
-			tz := w.TimeZone
-			if tz == "" {
-				tz = "UTC"
-			}
-			loc, err := time.LoadLocation(tz)
+			win, err := parseWindow(func(k string) string { return gk(fmt.Sprintf("windows[%d].%s", wi, k)) }, w)
 			if err != nil {
-				return nil, config.Errf(wk("time_zone"), "%v", err)
-			}
-			win := window.Window{Name: w.Name, Loc: loc}
-			for ri, r := range w.Weekly {
-				rk := func(k string) string { return wk(fmt.Sprintf("weekly[%d].%s", ri, k)) }
-				var wk window.Weekly
-				for _, d := range r.Days {
-					days, ok := dayNames[strings.ToLower(d)]
-					if !ok {
-						return nil, config.Errf(rk("days"), "unknown day %q (mon..sun, daily, weekdays, weekends)", d)
-					}
-					wk.Days = append(wk.Days, days...)
-				}
-				if len(wk.Days) == 0 {
-					return nil, config.Errf(rk("days"), "at least one day")
-				}
-				if wk.From, err = window.ParseClock(r.From); err != nil {
-					return nil, config.Errf(rk("from"), "%v", err)
-				}
-				if wk.To, err = window.ParseClock(r.To); err != nil {
-					return nil, config.Errf(rk("to"), "%v", err)
-				}
-				win.Weekly = append(win.Weekly, wk)
-			}
-			for oi, o := range w.Once {
-				ok := func(k string) string { return wk(fmt.Sprintf("once[%d].%s", oi, k)) }
-				from, err := time.Parse(time.RFC3339, o.From)
-				if err != nil {
-					return nil, config.Errf(ok("from"), "want RFC 3339 with an offset: %v", err)
-				}
-				to, err := time.Parse(time.RFC3339, o.To)
-				if err != nil {
-					return nil, config.Errf(ok("to"), "want RFC 3339 with an offset: %v", err)
-				}
-				if !to.After(from) {
-					return nil, config.Errf(ok("to"), "must be after from")
-				}
-				if to.Sub(from) > events.MaxPermitSpan {
-					return nil, config.Errf(ok("to"), "a one-off window lasts at most %v, got %v", events.MaxPermitSpan, to.Sub(from))
-				}
-				win.Once = append(win.Once, window.Range{Start: from.In(loc), End: to.In(loc)})
-			}
-			for _, b := range w.BlackoutDates {
-				d, err := window.ParseDate(b)
-				if err != nil {
-					return nil, config.Errf(wk("blackout_dates"), "%v", err)
-				}
-				win.Blackouts = append(win.Blackouts, d)
-			}
-			if len(win.Weekly) == 0 && len(win.Once) == 0 {
-				return nil, config.Errf(wk("weekly"), "a window needs weekly or once ranges")
+				errs = append(errs, err)
+				continue
 			}
 			sch = append(sch, win)
 		}
 		out[g.Name] = sch
 	}
+	if err := config.Join(errs...); err != nil {
+		return nil, err
+	}
 	return out, nil
+}
+
+// parseWindow turns one window into its schedule; wk names its keys.
+func parseWindow(wk func(string) string, w WindowConfig) (window.Window, error) {
+	errs := []error{
+		config.CountIn(wk("weekly"), len(w.Weekly), 0, maxRanges),
+		config.CountIn(wk("once"), len(w.Once), 0, maxRanges),
+		config.CountIn(wk("blackout_dates"), len(w.BlackoutDates), 0, maxBlackouts),
+	}
+	if err := events.ValidToken("name", w.Name); err != nil {
+		errs = append(errs, &config.FieldError{Key: wk("name"), Err: err})
+	}
+	tz := w.TimeZone
+	if tz == "" {
+		tz = "UTC"
+	}
+	loc, err := time.LoadLocation(tz)
+	if err != nil {
+		errs = append(errs, config.Errf(wk("time_zone"), "%v", err))
+		loc = time.UTC // the ranges are still checked
+	}
+	win := window.Window{Name: w.Name, Loc: loc}
+	for ri, r := range w.Weekly {
+		rk := func(k string) string { return wk(fmt.Sprintf("weekly[%d].%s", ri, k)) }
+		var wk window.Weekly
+		for _, d := range r.Days {
+			days, ok := dayNames[strings.ToLower(d)]
+			if !ok {
+				errs = append(errs, config.Errf(rk("days"), "unknown day %q (mon..sun, daily, weekdays, weekends)", d))
+			}
+			wk.Days = append(wk.Days, days...)
+		}
+		if len(r.Days) == 0 {
+			errs = append(errs, config.Errf(rk("days"), "at least one day"))
+		}
+		if wk.From, err = window.ParseClock(r.From); err != nil {
+			errs = append(errs, config.Errf(rk("from"), "%v", err))
+		}
+		if wk.To, err = window.ParseClock(r.To); err != nil {
+			errs = append(errs, config.Errf(rk("to"), "%v", err))
+		}
+		win.Weekly = append(win.Weekly, wk)
+	}
+	for oi, o := range w.Once {
+		ok := func(k string) string { return wk(fmt.Sprintf("once[%d].%s", oi, k)) }
+		from, fromErr := time.Parse(time.RFC3339, o.From)
+		if fromErr != nil {
+			errs = append(errs, config.Errf(ok("from"), "want RFC 3339 with an offset: %v", fromErr))
+		}
+		to, toErr := time.Parse(time.RFC3339, o.To)
+		switch {
+		case toErr != nil:
+			errs = append(errs, config.Errf(ok("to"), "want RFC 3339 with an offset: %v", toErr))
+		case fromErr != nil:
+		case !to.After(from):
+			errs = append(errs, config.Errf(ok("to"), "must be after from"))
+		case to.Sub(from) > events.MaxPermitSpan:
+			errs = append(errs, config.Errf(ok("to"), "a one-off window lasts at most %v, got %v", events.MaxPermitSpan, to.Sub(from)))
+		}
+		win.Once = append(win.Once, window.Range{Start: from.In(loc), End: to.In(loc)})
+	}
+	for _, b := range w.BlackoutDates {
+		d, err := window.ParseDate(b)
+		if err != nil {
+			errs = append(errs, config.Errf(wk("blackout_dates"), "%v", err))
+		}
+		win.Blackouts = append(win.Blackouts, d)
+	}
+	if len(w.Weekly) == 0 && len(w.Once) == 0 {
+		errs = append(errs, config.Errf(wk("weekly"), "a window needs weekly or once ranges"))
+	}
+	return win, config.Join(errs...)
 }
