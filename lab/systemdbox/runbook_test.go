@@ -467,7 +467,7 @@ func checkSecrets(t *testing.T, ctx context.Context, box map[string]*Box) {
 		if !h.pbx {
 			continue
 		}
-		out, err := box[h.name].Output(ctx, `find / -xdev \( -name 'viewer*' -o -name 'operator*' -o -name 'admin*' -o -name 'scheduler*' -o -name 'page.token' -o -name 'ca-key.pem' \) \( -path '/etc/*' -o -path '/root/*' -o -path '/var/*' \) 2>/dev/null`)
+		out, err := box[h.name].Output(ctx, `find / -xdev \( -name 'viewer*' -o -name 'operator*' -o -name 'admin*' -o -name 'scheduler*.nk' -o -name 'scheduler-*.pem' -o -name 'page.token' -o -name 'ca-key.pem' \) \( -path '/etc/*' -o -path '/root/*' -o -path '/var/*' \) 2>/dev/null`)
 		if err != nil {
 			t.Fatal(err)
 		}
