@@ -508,7 +508,11 @@ func (s *Service) restore(ctx context.Context) (decide.State, error) {
 	if err := json.Unmarshal(e.Value(), &st); err != nil {
 		return s.rebuild(ctx, fmt.Errorf("decode arbiter state (revision %d, %d bytes): %w", e.Revision(), len(e.Value()), err))
 	}
-	s.replayClaimResults(ctx, st)
+	// Not knowing whether the outstanding claim was answered, this replica
+	// does not command: the restore is tried again (within restore_within).
+	if err := s.replayClaimResults(ctx, st); err != nil {
+		return st, err
+	}
 	if err := s.core.Restore(st); err != nil {
 		return s.rebuild(ctx, fmt.Errorf("restore arbiter state (revision %d): %w", e.Revision(), err))
 	}
@@ -576,41 +580,31 @@ func (s *Service) claimInStream(ctx context.Context, cl decide.Claim) (bool, err
 // that starts after the previous leader died never saw them (it reads new
 // events only), and would otherwise time out a claim that was in fact
 // applied, releasing a healthy holder: a needless outage and move.
-func (s *Service) replayClaimResults(ctx context.Context, st decide.State) {
+func (s *Service) replayClaimResults(ctx context.Context, st decide.State) error {
 	for _, g := range st.Groups {
 		if g.Claim == nil {
 			continue
 		}
 		// Any result to this claim comes after it was issued, which is
-		// at most the command TTL before its deadline.
+		// at most the command TTL before its deadline. The read goes to
+		// the end of the trail as it is now: a result missed here would
+		// make the claim look unanswered, and the core would then move a
+		// group that its claimant holds (a replica restarted after the
+		// claim was confirmed never saw that answer).
 		since := g.Claim.Deadline.Add(-2 * time.Minute)
-		cons, err := s.bus.JS.OrderedConsumer(ctx, bus.EventsStream, jetstream.OrderedConsumerConfig{
-			FilterSubjects: []string{events.CommandResultSubject(s.cfg.Cluster, g.Claim.Node)},
-			DeliverPolicy:  jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
-		})
+		stored, err := s.bus.ReadAll(ctx, bus.WatchOptions{Since: since,
+			Subjects: []string{events.CommandResultSubject(s.cfg.Cluster, g.Claim.Node)}})
 		if err != nil {
-			s.log.Warn("restore: cannot read past claim results", "group", g.Name, "err", err)
-			continue
+			return fmt.Errorf("read the results of group %s's outstanding claim on %s: %w", g.Name, g.Claim.Node, err)
 		}
-		for {
-			batch, err := cons.Fetch(256, jetstream.FetchMaxWait(200*time.Millisecond))
-			if err != nil {
-				break
-			}
-			n := 0
-			for m := range batch.Messages() {
-				n++
-				env, p, _ := s.bus.DecodeFrom(m.Subject(), m.Data())
-				if r, ok := p.(*events.CommandResult); ok && r.CommandID == g.Claim.CommandID {
-					s.core.Handle(time.Now(), env, p)
-					s.log.Info("restore: outstanding claim already answered", "group", g.Name, "node", r.Node, "outcome", r.Outcome)
-				}
-			}
-			if n == 0 {
-				break
+		for _, r := range stored {
+			if res, ok := r.Payload.(*events.CommandResult); ok && res.CommandID == g.Claim.CommandID {
+				s.core.Handle(time.Now(), r.Env, r.Payload)
+				s.log.Info("restore: outstanding claim already answered", "group", g.Name, "node", res.Node, "outcome", res.Outcome)
 			}
 		}
 	}
+	return nil
 }
 
 // operate answers an operator request if this replica leads. Who asked is
