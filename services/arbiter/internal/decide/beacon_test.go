@@ -223,3 +223,47 @@ func TestLateHeartbeatsDoNotTakeAHolderOffTheBus(t *testing.T) {
 		t.Fatalf("want a failover away from n1 once its beacons stopped, got %+v", d)
 	}
 }
+
+// TestClaimSurvivesLateHeartbeats: an operator's switchover claims n2,
+// and n2's heartbeats stop arriving while its beacons do (the live stream
+// lagging while its raft leader moves). The claim is kept until n2 answers:
+// giving it up would release the group and place it elsewhere, an outage
+// nobody asked for. Once n2 falls off the bus (no beacons either) the claim
+// is given up as before.
+func TestClaimSurvivesLateHeartbeats(t *testing.T) {
+	const every = 100 * time.Millisecond
+	for _, beaconsStop := range []bool{false, true} {
+		f := newFx(t, testConfig())
+		f.boot()
+		f.runBeacons(time.Second, every)
+		f.chans["n1"] = 0 // drained: the switchover moves at once
+		f.beat()
+		if rep, _ := f.op(events.OpSwitchover, "pbx", "n2", "maintenance of n1"); !rep.Accepted {
+			t.Fatalf("switchover refused: %+v", rep)
+		}
+		if g := f.c.Snapshot().Groups[0]; g.Claim == nil || g.Claim.Node != "n2" {
+			t.Fatalf("no claim on n2 after the switchover: %+v", g)
+		}
+		// 4 s without heartbeats (SilentAfter is 3 s), under the claim
+		// timeout (5 s).
+		var except []string
+		if beaconsStop {
+			except = []string{"n2"}
+		}
+		out := f.runBeacons(4*time.Second, every, except...)
+		d := firstDecision(out)
+		if !beaconsStop {
+			if d != nil && d.Action != events.ActionHold {
+				t.Fatalf("late heartbeats gave the claim up: %+v", d)
+			}
+			f.result("pbx", "n2", events.OutcomeApplied)
+			if g := f.c.Snapshot().Groups[0]; g.Holder != "n2" {
+				t.Fatalf("n2 does not hold after answering: %+v", g)
+			}
+			continue
+		}
+		if d == nil || d.Action != events.ActionRetry || !strings.Contains(d.Reason, "n2 silent") {
+			t.Fatalf("a claimant off the bus kept its claim: %+v", d)
+		}
+	}
+}

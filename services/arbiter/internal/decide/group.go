@@ -109,12 +109,18 @@ func (c *Core) eligible(g *groupState, n string, now time.Time) bool {
 	return o != nil && o.health == events.HealthUp && !c.presence(n).lastHB.IsZero() && !c.silent(n, now)
 }
 
-// lost reports that n positively turned bad: its check went down or it fell
-// silent. A node merely not heard from yet (a leader restored a moment ago)
-// is not lost; its claim gets the full ClaimTimeout.
+// lost reports that n, a claimant, positively turned bad: its check went
+// down or it fell off the bus (busSilent: its beacons stopped, or, for a
+// node without beacons, its heartbeats). Late heartbeats alone do not: the
+// live stream lags for seconds when its raft leader moves, which a new
+// leader's steward does right after taking over, and giving a claim up
+// releases the group (an operator's switchover was turned into a release
+// and a placement on another node that way). A node merely not heard from
+// yet (a leader restored a moment ago) is not lost; its claim gets the
+// full ClaimTimeout.
 func (c *Core) lost(g *groupState, n string, now time.Time) bool {
 	o := c.selfObs(g, n)
-	return (o != nil && o.health == events.HealthDown) || c.silent(n, now)
+	return (o != nil && o.health == events.HealthDown) || c.busSilent(n, now)
 }
 
 // whyNot says in a few words why n is not eligible, for hold reasons.
