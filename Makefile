@@ -9,6 +9,7 @@
 #   make bench-prober    the prober's CPU for 200 checks at 200 ms (PROBER_WINDOW=10s)
 #   make bench-sync      the replicator against rsync and a plain checked copy: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible
 #   make bench-registrations  registrations from the holder to the standby: 200 OK to the standby's AstDB, costs, mass churn, reach after a crash (PHONES=2000, root; FAN_ASTERISK=dir for a real Asterisk 22)
+#   make bench-calls     calls up when the holder's PBX is killed, fan and keepalived: survived, audio gap, hang-ups carried, orphaned legs (CALLS_DIRECT=10 CALLS_ANCHORED=2 CALL_CYCLES=3, root; FAN_ASTERISK=dir for a real Asterisk 22)
 #   make chaos           randomized faults against the invariants (DURATION=10m); exits non-zero on a breach
 #   make install         binaries, systemd units, fanctl's shell completion and example configs under DESTDIR/PREFIX (make uninstall)
 #   make deb             the Debian package in build/ (make deb-test: version ordering, lintian, install into a throwaway root)
@@ -61,7 +62,7 @@ BINARIES := \
 	fan-chaos:lab:./cmd/fan-chaos
 
 TRAIL ?= 2m
-.PHONY: all build test vet lint fmt-check unit lab clean modules-standalone deps-check fuzz deps install install-files uninstall deb deb-test version prometheus-rules images compose-creds compose-test systemd-verify bench-failover bench-trail bench-prober bench-sync bench-scale bench-registrations chaos
+.PHONY: all build test vet lint fmt-check unit lab clean modules-standalone deps-check fuzz deps install install-files uninstall deb deb-test version prometheus-rules images compose-creds compose-test systemd-verify bench-failover bench-calls bench-trail bench-prober bench-sync bench-scale bench-registrations chaos
 
 all: build
 
@@ -130,7 +131,9 @@ FUZZ_TARGETS := \
 	services/prober/internal/app:FuzzConfig \
 	services/arbiter/internal/httphb:FuzzHeartbeatBody \
 	services/replicator/internal/fstree:FuzzDecodeManifest \
-	services/ipmover/internal/fence:FuzzOpen
+	services/ipmover/internal/fence:FuzzOpen \
+	services/ipmover/internal/keeper:FuzzParseMessage \
+	services/ipmover/internal/keeper:FuzzCapture
 fuzz:
 	@set -e; for spec in $(FUZZ_TARGETS); do \
 		IFS=: read -r dir target <<< "$$spec"; \
@@ -174,6 +177,20 @@ bench-scale:
 bench-failover: build
 	$(BIN)/fan-bench -bin $(BIN) -cycles $(CYCLES) -flap $(FLAP) -topology $(TOPOLOGY) -leaders $(LEADERS)
 
+# Calls in progress when the holder's PBX is killed (kill -9), fan and
+# keepalived moving the same address in the same topology (lab/bench,
+# calls.go): CALLS_DIRECT calls with direct media and CALLS_ANCHORED with
+# their audio through the PBX, kept CALLS_HOLD after the failover, then hung
+# up. FAN_ASTERISK names an Asterisk 22 install to run as the PBXs instead of
+# fan-pbxstandin.
+CALLS_DIRECT   ?= 10
+CALLS_ANCHORED ?= 2
+CALLS_HOLD     ?= 10s
+CALL_CYCLES    ?= 3
+bench-calls: build
+	$(BIN)/fan-bench -bin $(BIN) -scenarios calls -flap 0 -cycles $(CALL_CYCLES) -calls-direct $(CALLS_DIRECT) \
+		-calls-anchored $(CALLS_ANCHORED) -calls-hold $(CALLS_HOLD) -topology $(TOPOLOGY) $(if $(FAN_ASTERISK),-asterisk $(FAN_ASTERISK))
+
 # The prober's own cost: the real binary, 200 checks at 200 ms against
 # local peers, CPU share of one core over PROBER_WINDOW (see the prober's
 # README, "Cost").
@@ -213,13 +230,14 @@ chaos: build
 	$(BIN)/fan-chaos -bin $(BIN) -duration $(DURATION) -topology $(TOPOLOGY)
 
 # Debian packages: Kamailio (the SIP server answering on the floating IP in
-# the lab), SIPp, iproute2 for namespaces; lintian, fakeroot and systemd
+# the lab), SIPp, curl (the pool lab's nodes post their heartbeats with
+# it), iproute2 for namespaces; lintian, fakeroot and systemd
 # (systemd-sysusers, systemd-tmpfiles) for make deb-test; debootstrap for
 # make systemd-test's container image; prometheus for
 # promtool (make prometheus-rules); zsh to check fanctl's completion script;
 # openssl and coreutils (base32) for the examples' throwaway credentials
 # (deploy/systemd/check-examples.sh).
-DEB_PACKAGES := kamailio sip-tester iproute2 iptables procps bind9 bind9-utils keepalived rsync ca-certificates git make \
+DEB_PACKAGES := kamailio sip-tester curl iproute2 iptables procps bind9 bind9-utils keepalived rsync ca-certificates git make \
 	lintian fakeroot systemd prometheus zsh chromium debootstrap openssl coreutils
 deps:
 	@missing=$$(for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \

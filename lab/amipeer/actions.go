@@ -84,7 +84,7 @@ func (p *Peer) answer(s *session, a Action) (out []byte, closeAfter bool) {
 		return m.bytes(), false
 	}
 	p.mu.Lock()
-	mode, fig := p.mode, p.figures
+	mode, fig := p.mode, p.liveFiguresLocked()
 	p.mu.Unlock()
 	failing := mode == ModeFailing
 	if s.authed && !permitted(s.writeRights(), a.Name) {
@@ -171,6 +171,16 @@ func (p *Peer) answer(s *session, a Action) (out []byte, closeAfter bool) {
 		listCommands(&m, a, s.writeRights())
 	case "pjsipshowendpoints", "pjsipshowendpoint":
 		p.pjsipShow(&m, name, a)
+	case "getvar":
+		p.getvar(&m, a)
+	case "coreshowchannels":
+		p.coreShowChannels(&m, a)
+	case "bridgelist":
+		p.bridgeList(&m, a)
+	case "bridgeinfo":
+		p.bridgeInfo(&m, a)
+	case "hangup":
+		p.hangupAction(&m, a)
 	default:
 		m.fail(a, "Invalid/unknown command: "+a.Name+". Use Action: ListCommands to show available commands.")
 	}

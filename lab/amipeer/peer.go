@@ -151,6 +151,9 @@ type Peer struct {
 	db       map[string]string
 	modules  map[string]bool
 	reg      *registrar // registrar.go; nil until EnableRegistrar
+	book     callBook   // calls.go: channels and bridges
+	callq    callEvents // calls.go: their events, in order
+	onHangup HangupHandler
 }
 
 // Start listens and serves until Close.

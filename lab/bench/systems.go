@@ -103,6 +103,8 @@ func (f *Fan) Fault(ctx context.Context, s Scenario, node string) error {
 		return err
 	case LinkCut:
 		return f.St.Lab.LinkDown(node)
+	case Calls:
+		return f.St.CrashPBX(node)
 	}
 	return fmt.Errorf("unknown scenario %q", s)
 }
@@ -112,7 +114,7 @@ func (f *Fan) Restore(ctx context.Context, s Scenario, node string) error {
 	switch s {
 	case PBXDeath:
 		return f.St.ThawPBX(ctx, node)
-	case NodeCrash:
+	case NodeCrash, Calls:
 		return f.St.StartNode(ctx, node)
 	case LinkCut:
 		return f.St.Lab.LinkUp(node)
@@ -195,6 +197,9 @@ type Keepalived struct {
 	AdvertInt float64
 	// ScriptInterval (whole seconds; keepalived refuses less than 1) and Fall.
 	ScriptInterval, Fall int
+	// PBX, when set, starts a node's PBX in place of Kamailio (the calls
+	// scenario's: the same PBXs as fan's stack runs).
+	PBX func(ctx context.Context, node string) (*netlab.Proc, error)
 
 	procs  map[string]*netlab.Proc
 	starts int
@@ -216,7 +221,16 @@ func (k *Keepalived) Start(ctx context.Context) error {
 	return nil
 }
 
+// startKamailio starts what answers SIP on node: Kamailio, or the PBX.
 func (k *Keepalived) startKamailio(node string) error {
+	if k.PBX != nil {
+		p, err := k.PBX(context.Background(), node)
+		if err != nil {
+			return err
+		}
+		k.procs[node+"/sip"] = p
+		return nil
+	}
 	h, err := k.Lab.Host(node)
 	if err != nil {
 		return err
@@ -225,7 +239,7 @@ func (k *Keepalived) startKamailio(node string) error {
 	if err != nil {
 		return err
 	}
-	k.procs[node+"/kamailio"] = p
+	k.procs[node+"/sip"] = p
 	return nil
 }
 
@@ -301,11 +315,11 @@ func (k *Keepalived) startKeepalived(node string) error {
 
 func (k *Keepalived) Fault(ctx context.Context, s Scenario, node string) error {
 	switch s {
-	case PBXDeath:
-		if p := k.procs[node+"/kamailio"]; p != nil {
+	case PBXDeath, Calls:
+		if p := k.procs[node+"/sip"]; p != nil {
 			return p.Kill()
 		}
-		return fmt.Errorf("no kamailio on %s", node)
+		return fmt.Errorf("no SIP server on %s", node)
 	case NodeCrash:
 		_, err := k.Lab.KillAll(node)
 		return err
@@ -317,7 +331,7 @@ func (k *Keepalived) Fault(ctx context.Context, s Scenario, node string) error {
 
 func (k *Keepalived) Restore(ctx context.Context, s Scenario, node string) error {
 	switch s {
-	case PBXDeath:
+	case PBXDeath, Calls:
 		return k.startKamailio(node)
 	case NodeCrash:
 		// keepalived does not remove its address when killed (SIGKILL):
@@ -344,7 +358,7 @@ func (k *Keepalived) Restore(ctx context.Context, s Scenario, node string) error
 // Ready reports whether node's processes run and exactly one node holds the
 // address.
 func (k *Keepalived) Ready(ctx context.Context, node string) bool {
-	for _, name := range []string{"kamailio", "keepalived"} {
+	for _, name := range []string{"sip", "keepalived"} {
 		if p := k.procs[node+"/"+name]; p == nil || p.Exited() {
 			return false
 		}

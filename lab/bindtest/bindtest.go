@@ -44,6 +44,7 @@ type role struct {
 	grants      []string // names KeyName may update, on a primary
 	notifyPort  int      // loopback port of a secondary the primary notifies; 0 for none
 	primaryAddr string   // a secondary's primary, host:port; empty for a primary
+	secret      string   // the TSIG secret of KeyName; empty makes a new one
 }
 
 // Start runs a primary for zone (e.g. "voip.test") with the given zone file
@@ -112,9 +113,12 @@ func launch(t testing.TB, bin string, port int, r role) (*Named, error) {
 			return nil, err
 		}
 	}
-	secret, err := newSecret()
-	if err != nil {
-		return nil, err
+	secret := r.secret
+	if secret == "" {
+		var err error
+		if secret, err = newSecret(); err != nil {
+			return nil, err
+		}
 	}
 	n := &Named{Addr: fmt.Sprintf("127.0.0.1:%d", port), Secret: secret, Zone: r.zone}
 	dir := t.TempDir()

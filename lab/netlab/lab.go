@@ -76,6 +76,9 @@ type Spec struct {
 	// Extra hosts have the control role (no floating IP, no PBX): the
 	// dedicated NATS hosts of a three-server bus, for example.
 	Extra []HostSpec
+	// Clients are client hosts besides Client: the namespaces phones live
+	// in (PhoneHosts), for example.
+	Clients []HostSpec
 	// FloatingIP is not assigned by Build; it is recorded for callers. Default
 	// DefaultFloatingIP.
 	FloatingIP netip.Prefix
@@ -103,6 +106,15 @@ func NATSHosts() []HostSpec {
 		{Name: "s1", Addr: netip.MustParsePrefix("198.51.100.21/24"), MAC: "02:fa:00:00:00:21"},
 		{Name: "s2", Addr: netip.MustParsePrefix("198.51.100.22/24"), MAC: "02:fa:00:00:00:22"},
 		{Name: "s3", Addr: netip.MustParsePrefix("198.51.100.23/24"), MAC: "02:fa:00:00:00:23"},
+	}
+}
+
+// PhoneHosts are two client hosts for phones, so that audio between two
+// phones crosses the LAN as it does between desks.
+func PhoneHosts() []HostSpec {
+	return []HostSpec{
+		{Name: "pa", Addr: netip.MustParsePrefix("198.51.100.51/24"), MAC: "02:fa:00:00:00:51"},
+		{Name: "pb", Addr: netip.MustParsePrefix("198.51.100.52/24"), MAC: "02:fa:00:00:00:52"},
 	}
 }
 
@@ -256,7 +268,11 @@ func normalise(spec *Spec) ([]hostPlan, error) {
 	for _, n := range spec.Nodes {
 		plans = append(plans, hostPlan{n, RoleNode})
 	}
-	plans = append(plans, hostPlan{spec.Client, RoleClient}, hostPlan{spec.Control, RoleControl})
+	plans = append(plans, hostPlan{spec.Client, RoleClient})
+	for _, h := range spec.Clients {
+		plans = append(plans, hostPlan{h, RoleClient})
+	}
+	plans = append(plans, hostPlan{spec.Control, RoleControl})
 	for _, h := range spec.Extra {
 		plans = append(plans, hostPlan{h, RoleControl})
 	}

@@ -8,8 +8,19 @@
 // AMI accepts TCP and never answers, SIP is silent) and dead (a crashed
 // Asterisk: AMI refuses connections, SIP ports are closed) over a unix
 // control socket. With Config.Registrar its SIP side is a registrar as
-// Asterisk 22's is (registrar.go), and Originate reaches registered
-// phones.
+// Asterisk 22's is (registrar.go), Originate reaches registered phones,
+// and it is a back-to-back user agent as Asterisk 22 is with
+// `Dial(PJSIP/${EXTEN})` (b2bua.go): a phone's INVITE to another AOR
+// becomes a second dialog to that AOR's contact, the two are bridged when
+// it answers, re-INVITEd to direct media (the endpoints' direct_media,
+// Config.NoDirectMedia) or relayed through the stand-in's RTP sockets
+// (media.go), a BYE or CANCEL is carried to the other side, a request in
+// a dialog it does not know is answered 481, and the AMI peer raises the
+// call's events and answers Getvar, CoreShowChannels and BridgeList as
+// Asterisk does (lab/amipeer/calls.go; docs/asterisk22.md, "Calls: a
+// B2BUA, its dialogs and its AMI events"). Dead is a kill -9 for calls
+// too: no SIP, no RTP relayed, every call forgotten without a word;
+// frozen relays nothing and answers nothing until it thaws.
 package pbxstandin
 
 import (
@@ -64,7 +75,10 @@ type Config struct {
 	// PJSIP/<aor> sends an INVITE to the AOR's contacts. Without it a
 	// REGISTER is answered 200 and forgotten.
 	Registrar *amipeer.RegistrarConfig
-	Logger    *slog.Logger
+	// NoDirectMedia gives every endpoint AMI.Endpoints does not list
+	// direct_media = no; a listed endpoint has its own setting.
+	NoDirectMedia bool
+	Logger        *slog.Logger
 }
 
 // PBX is a running stand-in.
@@ -79,6 +93,8 @@ type PBX struct {
 	wg    sync.WaitGroup
 
 	dial dialing
+	// calls is the B2BUA (b2bua.go), with the registrar.
+	calls *b2bua
 }
 
 // Start starts the AMI peer and the SIP responder in Normal mode.
@@ -102,11 +118,16 @@ func Start(cfg Config) (*PBX, error) {
 	if cfg.Registrar != nil {
 		ami.EnableRegistrar(*cfg.Registrar)
 		ami.SetDialer(p.Dial)
+		p.calls = newB2BUA(p)
+		ami.OnHangup(p.calls.amiHangup)
 	}
 	p.mu.Lock()
 	err = p.openSIP()
 	p.mu.Unlock()
 	if err != nil {
+		if p.calls != nil {
+			p.calls.close()
+		}
 		ami.Close()
 		return nil, err
 	}
@@ -154,6 +175,10 @@ func (p *PBX) SetMode(m Mode) error {
 	switch {
 	case m == Dead:
 		p.closeSIP()
+		if p.calls != nil {
+			// A kill -9: every call is gone, nobody is told.
+			p.calls.reset()
+		}
 	case p.mode == Dead:
 		if err := p.openSIP(); err != nil {
 			return err
@@ -169,6 +194,9 @@ func (p *PBX) Close() {
 	p.mu.Lock()
 	p.closeSIP()
 	p.mu.Unlock()
+	if p.calls != nil {
+		p.calls.close()
+	}
 	p.ami.Close()
 }
 
@@ -192,7 +220,16 @@ func (p *PBX) openSIP() error {
 		p.wg.Add(1)
 		go p.serveSIP(c)
 	}
+	p.transportsChanged()
 	return nil
+}
+
+// transportsChanged tells the B2BUA which sockets it may send from; p.mu
+// is held.
+func (p *PBX) transportsChanged() {
+	if p.calls != nil {
+		p.calls.setTransports(transportsFor(p.conns, p.cfg.AMI.Transports))
+	}
 }
 
 // closeSIP closes the sockets and waits for their readers; p.mu is held.
@@ -202,6 +239,7 @@ func (p *PBX) closeSIP() {
 	}
 	p.conns = nil
 	p.wg.Wait()
+	p.transportsChanged()
 }
 
 func (p *PBX) serveSIP(c *net.UDPConn) {
@@ -213,6 +251,9 @@ func (p *PBX) serveSIP(c *net.UDPConn) {
 			return
 		}
 		if p.frozen() {
+			continue
+		}
+		if p.calls != nil && !isRegister(buf[:n]) && p.calls.handle(c, buf[:n], from) {
 			continue
 		}
 		if p.handleResponse(buf[:n], from) || p.handleRegister(c, buf[:n], from) {

@@ -81,6 +81,17 @@ type Options struct {
 	// AMISystemName is the systemname every node's AMI peer reports
 	// (CoreSettings), as asterisk.conf sets it; empty is Asterisk's default.
 	AMISystemName string
+	// PBX is what each node runs as its PBX (pbx.go): Kamailio and an AMI
+	// peer by default; PBXStandIn or PBXAsterisk for calls between
+	// Endpoints, from the Asterisk configuration in ShippedAsterisk
+	// (deploy/asterisk, found above the working directory when empty).
+	// Asterisk is the Asterisk 22 install PBXAsterisk runs
+	// (FAN_ASTERISK); StandInArgs are more flags for fan-pbxstandin.
+	PBX             PBX
+	Asterisk        string
+	Endpoints       []Endpoint
+	ShippedAsterisk string
+	StandInArgs     []string
 }
 
 func (o *Options) defaults() {
@@ -141,7 +152,11 @@ type Stack struct {
 // necessarily once a holder exists: see WaitAnswer).
 func Start(ctx context.Context, l *netlab.Lab, o Options) (*Stack, error) {
 	o.defaults()
-	for _, b := range Binaries {
+	need := Binaries
+	if o.PBX == PBXStandIn {
+		need = append(slices.Clone(need), "fan-pbxstandin")
+	}
+	for _, b := range need {
 		if _, err := os.Stat(filepath.Join(o.BinDir, b)); err != nil {
 			return nil, fmt.Errorf("binary %s: %w (run make build)", b, err)
 		}
@@ -294,14 +309,20 @@ func (s *Stack) StartNode(ctx context.Context, node string) error {
 			return err
 		}
 	}
-	if !running("kamailio") {
+	if s.opts.PBX != PBXKamailio {
+		if !running(s.pbxProc(node)) {
+			if err := s.startPBX(ctx, node); err != nil {
+				return fmt.Errorf("pbx on %s: %w", node, err)
+			}
+		}
+	} else if !running("kamailio") {
 		k, err := s.Lab.StartKamailioOn(node, node, []string{s.Lab.FloatingIP().Addr().String(), h.Addr.Addr().String()})
 		if err != nil {
 			return fmt.Errorf("kamailio on %s: %w", node, err)
 		}
 		s.procs[node+"/kamailio"] = k
 	}
-	if !running("fan-amipeer") {
+	if s.opts.PBX == PBXKamailio && !running("fan-amipeer") {
 		_ = os.Remove(s.amiControl(node))
 		args := []string{"-listen", amiAddr, "-user", amiUser, "-secret", amiSecret, "-control", s.amiControl(node)}
 		if s.opts.AMISystemName != "" {
@@ -462,9 +483,18 @@ func (s *Stack) Logs(lines int64) string {
 }
 
 func (s *Stack) waitTCP(ctx context.Context, host, addr string) error {
-	deadline := time.Now().Add(10 * time.Second)
+	return s.waitTCPWithin(ctx, host, addr, 10*time.Second)
+}
+
+func (s *Stack) waitTCPWithin(ctx context.Context, host, addr string, within time.Duration) error {
+	return waitTCPOn(ctx, s.Lab, host, addr, within)
+}
+
+// waitTCPOn waits until something on host of l accepts connections on addr.
+func waitTCPOn(ctx context.Context, l *netlab.Lab, host, addr string, within time.Duration) error {
+	deadline := time.Now().Add(within)
 	for {
-		err := s.Lab.Do(host, func() error {
+		err := l.Do(host, func() error {
 			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 			if err == nil {
 				c.Close()
@@ -694,7 +724,7 @@ func (s *Stack) Status(ctx context.Context) ([]events.GroupStatus, error) {
 // Stop stops every fan process gracefully (SIGTERM), services first so the
 // ipmovers release their addresses, NATS last.
 func (s *Stack) Stop() {
-	order := []string{"fan-arbiter", "fan-scheduler", "fan-prober", "fan-replicator", "fan-ipmover", "fan-amipeer", "fan-nats"}
+	order := []string{"fan-arbiter", "fan-scheduler", "fan-prober", "fan-replicator", "fan-ipmover", "fan-amipeer", "fan-pbxstandin", "asterisk", "fan-nats"}
 	for _, name := range order {
 		for k, p := range s.procs {
 			if strings.HasSuffix(k, "/"+name) {

@@ -100,11 +100,15 @@ const (
 	CorrectionRemoved  CorrectionKind = "removed"  // address present without the right to it; taken off
 	CorrectionReleased CorrectionKind = "released" // released by the bus-loss policy
 	CorrectionFailed   CorrectionKind = "failed"   // a correction was attempted and failed
+	// CorrectionDNSRealigned: a DNS server that served another site's
+	// records than the last claim's (it was out of reach when the name
+	// moved) was brought in line; DNS says what it serves now.
+	CorrectionDNSRealigned CorrectionKind = "dns_realigned"
 )
 
 func (k CorrectionKind) valid() bool {
 	switch k {
-	case CorrectionReadded, CorrectionRemoved, CorrectionReleased, CorrectionFailed:
+	case CorrectionReadded, CorrectionRemoved, CorrectionReleased, CorrectionFailed, CorrectionDNSRealigned:
 		return true
 	}
 	return false
@@ -119,6 +123,9 @@ type AddressCorrection struct {
 	Reason  string         `json:"reason,omitempty"`
 	Error   string         `json:"error,omitempty"`
 	At      time.Time      `json:"at"`
+	// DNS is, for a correction of a DNS executor (dns_realigned, or failed
+	// on a DNS server), the server and what it serves (dns.go).
+	DNS []DNSServerState `json:"dns,omitempty"`
 }
 
 func (AddressCorrection) EventType() Type    { return TypeAddressCorrection }
@@ -146,7 +153,7 @@ func (c AddressCorrection) Validate() error {
 	if c.At.IsZero() {
 		return fmt.Errorf("%w: at", ErrMissingField)
 	}
-	return textIn("error", c.Error, MaxTextLen)
+	return firstErr(textIn("error", c.Error, MaxTextLen), validateDNSStates(c.DNS))
 }
 
 // AddressConflictSubject carries one node's executor's conflict reports.

@@ -8,8 +8,10 @@
 //	fan.evt.<cluster>.node.<node>.heartbeat      node telemetry and current check states
 //	fan.evt.<cluster>.arbiter.<group>.decision   every arbiter decision, including "no move"
 //	fan.evt.<cluster>.exec.<node>.result         outcome of every command an executor saw
+//	fan.evt.<cluster>.exec.<node>.calls          calls adopted apart from a claim's result
 //	fan.evt.<cluster>.sched.<group>.permit       failback-permitted ticks
 //	fan.evt.<cluster>.repl.<node>.status         replication passes and catch-up reports
+//	fan.state.<cluster>.calls.<node>.summary     the calls a node's Asterisk has up, how many can be carried (live)
 //	fan.evt.<cluster>.svc.<service>.<node>.announce   service start and stop
 //	fan.cmd.<cluster>.<node>.<verb>              commands to one node's executor
 //	fan.lease.<cluster>.<name>                   leadership leases (fencing, same stream as commands)

@@ -43,7 +43,16 @@ func (a ReplicationApplied) voiceOf(Envelope) string  { return a.Node }
 func (a ReplicationAlarm) voiceOf(Envelope) string    { return a.Node }
 func (c ReplicationConflict) voiceOf(Envelope) string { return c.Node }
 func (c AddressConflict) voiceOf(Envelope) string     { return c.Node }
-func (c AddressCorrection) voiceOf(Envelope) string   { return c.Node }
+
+// voiceOf of a DNS executor's correction is its source's: it corrects a
+// server for the site the name points at, as its results do, and the
+// subject's site is bound by permissions (the sites it executes for).
+func (c AddressCorrection) voiceOf(e Envelope) string {
+	if len(c.DNS) > 0 {
+		return e.Source.Node
+	}
+	return c.Node
+}
 
 // VerifySubject checks that subject, the subject an event arrived on, is the
 // one its envelope and payload derive (so the type, cluster, group and node

@@ -65,11 +65,11 @@ func ObjectMetaSubjects(bucket string) string { return "$O." + bucket + ".M.>" }
 
 // LedStreams are fan's streams whose raft leaders (with their durable
 // consumers') the arbiter keeps on bus.leader_servers: every stream fan
-// provisions, the state bucket's and the replicator's object stores
-// included. A write to any of them stalls while its leader's host is down
+// provisions, the state and call buckets' and the replicator's object
+// stores included. A write to any of them stalls while its leader's host is down
 // and an election runs.
 func LedStreams() []string {
-	return []string{CommandsStream, EventsStream, LiveStream, KVStreamName(StateBucket),
+	return []string{CommandsStream, EventsStream, LiveStream, KVStreamName(StateBucket), KVStreamName(CallsBucket),
 		ObjectStreamName(ReplBlobBucket), ObjectStreamName(ReplManifestBucket)}
 }
 

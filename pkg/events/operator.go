@@ -35,11 +35,24 @@ const (
 	OpMaintenanceOff OperatorVerb = "maintenance_off" // unfreeze; for a group also clears a flap freeze
 	OpNodeStandby    OperatorVerb = "node_standby"    // Node may not hold anything; its groups move away
 	OpNodeActive     OperatorVerb = "node_active"     // Node may hold again
+	// OpUnpin clears a group's pin (pin.go): automatic failback may move
+	// it again.
+	OpUnpin OperatorVerb = "unpin"
+	// OpLeadersHold and OpLeadersRelease hold the raft leaders and the
+	// arbiter's lease where they are (or on Server) for a while, and end
+	// that hold (hold.go). The arbiter leader answers them; its decision
+	// core has no part in them.
+	OpLeadersHold    OperatorVerb = "leaders_hold"
+	OpLeadersRelease OperatorVerb = "leaders_release"
 )
+
+// ForLeaders reports whether v is answered by the arbiter leader's steward
+// side (the leaders hold) rather than its decision core.
+func (v OperatorVerb) ForLeaders() bool { return v == OpLeadersHold || v == OpLeadersRelease }
 
 func (v OperatorVerb) valid() bool {
 	switch v {
-	case OpSwitchover, OpFailback, OpMaintenanceOn, OpMaintenanceOff, OpNodeStandby, OpNodeActive:
+	case OpSwitchover, OpFailback, OpMaintenanceOn, OpMaintenanceOff, OpNodeStandby, OpNodeActive, OpUnpin, OpLeadersHold, OpLeadersRelease:
 		return true
 	}
 	return false
@@ -81,6 +94,14 @@ type OperatorRequest struct {
 	// Cancel, on a switchover, cancels the group's waiting planned move
 	// instead of asking for one; Node may then be empty.
 	Cancel bool `json:"cancel,omitempty"`
+	// ForMS or Until end what the request starts by itself: a
+	// switchover's pin (empty: it lasts until cleared; pin.go), a leaders
+	// hold (one is required; hold.go).
+	ForMS int64     `json:"for_ms,omitempty"`
+	Until time.Time `json:"until,omitzero"`
+	// Server, on a leaders hold, is the NATS server the steward keeps the
+	// leaders on meanwhile (empty: it moves none).
+	Server string `json:"server,omitempty"`
 }
 
 // Validate checks the request's shape and bounds; whether it can be done is
@@ -90,6 +111,9 @@ func (r OperatorRequest) Validate() error {
 		return err
 	}
 	if err := r.validateDrain(); err != nil {
+		return err
+	}
+	if err := r.validateLifetime(); err != nil {
 		return err
 	}
 	if n := utf8.RuneCountInString(r.Reason); n > MaxReasonChars {
@@ -132,6 +156,14 @@ func (r OperatorRequest) validateShape() error {
 		if err := ValidToken("node", r.Node); err != nil {
 			return err
 		}
+	case OpUnpin:
+		if r.Node != "" {
+			return fmt.Errorf("%w: node (an unpin names the group; the arbiter knows the pin)", ErrInvalidField)
+		}
+	case OpLeadersHold, OpLeadersRelease:
+		if r.Group != "" || r.Node != "" {
+			return fmt.Errorf("%w: group and node (a leaders hold is the cluster's)", ErrInvalidField)
+		}
 	}
 	if r.Verb == OpFailback && strings.TrimSpace(r.Reason) == "" {
 		return fmt.Errorf("%w: reason (a manual failback is recorded with its reason)", ErrMissingField)
@@ -169,10 +201,14 @@ type OperatorAction struct {
 	// acts on a request (it refuses a request it cannot record), and empty
 	// on the record of what it did, which is caused by the first.
 	Stage string `json:"stage,omitempty"`
-	// Drain, WithinMS and Cancel are the request's, as asked.
+	// Drain, WithinMS and Cancel are the request's, as asked; so are
+	// ForMS, Until and Server.
 	Drain    DrainMode `json:"drain,omitempty"`
 	WithinMS int64     `json:"within_ms,omitempty"`
 	Cancel   bool      `json:"cancel,omitempty"`
+	ForMS    int64     `json:"for_ms,omitempty"`
+	Until    time.Time `json:"until,omitzero"`
+	Server   string    `json:"server,omitempty"`
 	// Input, on the outcome's record, is the id of the last stored event
 	// the arbiter had read when it acted (as on ArbiterDecision), so that
 	// `fanctl replay` applies the action at the same point; InputAudit

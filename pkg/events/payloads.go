@@ -321,6 +321,12 @@ type ArbiterDecision struct {
 	// place in each. Input is the later of the two.
 	InputAudit string `json:"input_audit,omitempty"`
 	InputLive  string `json:"input_live,omitempty"`
+	// Calls is, for a move away from a holder (From), the calls it had up
+	// by its last calls summary heard since it took the group: how many a
+	// new holder may carry across and how many the move ends. Absent when
+	// no summary of it was heard (no replicator records its calls). The
+	// summary is also in CausedBy.
+	Calls *HolderCalls `json:"calls,omitempty"`
 }
 
 // Trigger is what made the arbiter's decision core decide.
@@ -367,6 +373,9 @@ func (d ArbiterDecision) Validate() error {
 		if err := ValidToken("to", d.To); err != nil {
 			return err
 		}
+	}
+	if d.Calls != nil {
+		return d.Calls.Validate()
 	}
 	return nil
 }
@@ -562,6 +571,13 @@ type CommandResult struct {
 	Outcome     Outcome `json:"outcome"`
 	Error       string  `json:"error,omitempty"`
 	Steps       []Step  `json:"steps,omitempty"`
+	// Calls is what an applied claim did with the group's calls in
+	// progress (adopted, not adopted and why), when the IP executor keeps
+	// calls; nil otherwise.
+	Calls *CallsAdoption `json:"calls,omitempty"`
+	// DNS is, for a DNS executor with one primary per site, what each
+	// authoritative server serves after the command (dns.go); nil otherwise.
+	DNS []DNSServerState `json:"dns,omitempty"`
 }
 
 func (CommandResult) EventType() Type    { return TypeCommandResult }
@@ -602,6 +618,12 @@ func (r CommandResult) Validate() error {
 		if err := firstErr(textIn("step name", st.Name, MaxShortLen), floatIn("step elapsed_ms", st.ElapsedMS, 0, MaxDurationMS)); err != nil {
 			return err
 		}
+	}
+	if err := validateDNSStates(r.DNS); err != nil {
+		return err
+	}
+	if r.Calls != nil {
+		return r.Calls.Validate()
 	}
 	return nil
 }

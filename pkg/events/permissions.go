@@ -47,8 +47,8 @@ const (
 	RoleAuditor BusRole = "auditor"
 	// RoleViewer is the status page (fanctl serve): a server that faces
 	// browsers, so the least of all: it reads the audit stream, the live
-	// stream and the state bucket, and may neither publish, nor list
-	// streams, nor ask any service anything.
+	// stream, the state bucket and the call records, and may neither
+	// publish, nor list streams, nor ask any service anything.
 	RoleViewer BusRole = "viewer"
 	// RoleAdmin provisions streams and buckets at install; it alone has
 	// create rights, and even it cannot purge, delete or reconfigure the
@@ -148,12 +148,14 @@ var publishers = map[Type][]publisher{
 	TypeReleaseIP:           {{RoleArbiter, scopeCluster, commandOf(VerbRelease)}},
 	TypeAnswerPBX:           {{RoleArbiter, scopeCluster, commandOf(VerbAnswer)}},
 	TypeCommandResult:       {{RoleIPMover, scopeExecuted, perNode(CommandResultSubject)}},
+	TypeCallsAdopted:        {{RoleIPMover, scopeExecuted, perNode(CallsAdoptedSubject)}},
 	TypeFailbackPermit:      {{RoleScheduler, scopeCluster, perCluster(PermitSubject)}},
 	TypeReplicationStatus:   {{RoleReplicator, scopeOwnNode, perNode(ReplicationSubject)}},
 	TypeReplicationApplied:  {{RoleReplicator, scopeOwnNode, perNode(ReplicationAppliedSubject)}},
 	TypeReplicationAlarm:    {{RoleReplicator, scopeOwnNode, perNode(ReplicationAlarmSubject)}},
 	TypeReplicationConflict: {{RoleReplicator, scopeOwnNode, perNode(ReplicationConflictSubject)}},
 	TypeReplicationHeld:     {{RoleReplicator, scopeOwnNode, perNode(ReplicationHeldSubject)}},
+	TypeCallsSummary:        {{RoleReplicator, scopeOwnNode, perNode(CallsSummarySubject)}},
 	TypeNodePresence:        {{RoleArbiter, scopeCluster, perCluster(PresenceSubject)}},
 	TypeAddressConflict:     {{RoleIPMover, scopeExecuted, perNode(AddressConflictSubject)}},
 	TypeAddressCorrection:   {{RoleIPMover, scopeExecuted, perNode(AddressCorrectionSubject)}},
@@ -161,6 +163,8 @@ var publishers = map[Type][]publisher{
 	TypeOperatorAction:      {{RoleArbiter, scopeCluster, clusterOnly(OperatorActionSubject)}},
 	TypePlannedMove:         {{RoleArbiter, scopeCluster, perCluster(PlannedMoveSubject)}},
 	TypeArbiterTerm:         {{RoleArbiter, scopeCluster, clusterOnly(TermSubject)}},
+	TypeGroupPin:            {{RoleArbiter, scopeCluster, perCluster(PinSubject)}},
+	TypeLeadersHold:         {{RoleArbiter, scopeCluster, clusterOnly(LeadersHoldSubject)}},
 }
 
 // Publishers names the roles that publish a type (for documentation and
@@ -228,6 +232,31 @@ func objectStoreUse(bucket string) []string {
 		"$O."+bucket+".>",
 		jsAPI+".STREAM.PURGE."+objStream(bucket),
 	)
+}
+
+// kvRead is what reading the keys of a bucket that match one filter needs
+// (a KV Get, a watch, a key listing): the bucket's info, which opening it
+// asks; a last-value get of one key, whose key is in the subject; and a
+// consumer whose one filter subject lies within keys, deleted when done,
+// with its flow control. Nothing here reads past keys: not a get by
+// sequence or with the subject in the request's body, not a consumer with
+// several filters or none (their create subject names no filter).
+func kvRead(bucket, keys string) []string {
+	st := kvStream(bucket)
+	return []string{
+		jsAPI + ".STREAM.INFO." + st,
+		jsAPI + ".DIRECT.GET." + st + "." + KVSubject(bucket, keys),
+		jsAPI + ".CONSUMER.CREATE." + st + ".*." + KVSubject(bucket, keys),
+		jsAPI + ".CONSUMER.INFO." + st + ".*",
+		jsAPI + ".CONSUMER.DELETE." + st + ".*",
+		jsFC + "." + st + ".>",
+	}
+}
+
+// callsRead is reading every call record of a cluster (calls.go), the
+// adopted ones included.
+func callsRead(cluster string) []string {
+	return append(kvRead(CallsBucket, ClusterCallKeys(cluster)), kvRead(CallsBucket, ClusterKeptKeys(cluster))...)
 }
 
 // auditProtected are the API calls nobody may make on the audit stream:
@@ -304,13 +333,33 @@ func (id Identity) Permissions() (Permissions, error) {
 		// answers go out through AllowResponses.
 		sub(ServiceStatusSubject(cl, string(id.Role), id.Name), "$SRV.>")
 		p.AllowResponses = true
-		// Every service opens the streams and the bucket at start to
-		// check they exist (creating them is the admin's job).
+		// Every service opens the streams and the buckets at start to
+		// check they exist (creating them is the admin's job); the info
+		// of a bucket holds no record.
 		pub(jsAPI+".INFO",
 			jsAPI+".STREAM.INFO."+EventsStream,
 			jsAPI+".STREAM.INFO."+LiveStream,
 			jsAPI+".STREAM.INFO."+CommandsStream,
-			jsAPI+".STREAM.INFO."+kvStream(StateBucket))
+			jsAPI+".STREAM.INFO."+kvStream(StateBucket),
+			jsAPI+".STREAM.INFO."+kvStream(CallsBucket))
+	}
+	// Call records (calls.go): a node's replicator writes and deletes its
+	// node's calls keys, and reads them back to reconcile them with
+	// Asterisk; it also reads the kept records of its cluster, to learn
+	// when a call its Asterisk still has after a planned move has ended at
+	// the node that kept it. A node's ipmover writes and deletes its node's
+	// kept keys and reads every record of the cluster, to adopt; the
+	// arbiter and the people read them all. Nobody else touches them.
+	switch id.Role {
+	case RoleReplicator:
+		pub(KVSubject(CallsBucket, NodeCallKeys(cl, id.Name)))
+		pub(kvRead(CallsBucket, NodeCallKeys(cl, id.Name))...)
+		pub(kvRead(CallsBucket, ClusterKeptKeys(cl))...)
+	case RoleIPMover:
+		pub(KVSubject(CallsBucket, NodeKeptKeys(cl, id.Name)))
+		pub(callsRead(cl)...)
+	case RoleArbiter, RoleOperator, RoleAuditor, RoleViewer:
+		pub(callsRead(cl)...)
 	}
 
 	switch id.Role {
@@ -334,7 +383,10 @@ func (id Identity) Permissions() (Permissions, error) {
 		pub(jsAPI + ".STREAM.MSG.DELETE." + CommandsStream)
 		pub(KVSubject(StateBucket, ArbiterStateKey(cl)),
 			KVSubject(StateBucket, AllGroupStatusKeys(cl)),
-			KVSubject(StateBucket, AllRegistryKeys(cl)))
+			KVSubject(StateBucket, AllRegistryKeys(cl)),
+			// The leaders hold: operators ask the arbiter leader, which
+			// checks and records the request before it writes the hold.
+			KVSubject(StateBucket, LeadersHoldKey(cl)))
 		// Leader step-downs of fan's streams and consumers (the meta
 		// leader's needs the system account, a separate identity).
 		// The steward lists the durable consumers to find their leaders

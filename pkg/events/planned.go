@@ -122,6 +122,14 @@ type PlannedFacts struct {
 	// channels (absent: not reported, which is not drained).
 	MaxChannels int  `json:"max_channels"`
 	Channels    *int `json:"channels,omitempty"`
+	// Calls is the holder's calls by its current calls summary (one heard
+	// within three of its intervals), when there is one: Channels is then
+	// the summary's, and the drain waits only for Calls.Uncarried(), the
+	// channels of calls a new holder cannot carry across (anchored,
+	// incomplete, unrecorded, or no call at all); the carriable ones move
+	// with the group. Absent, Channels is the holder's prober's count and
+	// every channel is waited for.
+	Calls *HolderCalls `json:"calls,omitempty"`
 }
 
 // PlannedMove records one stage of a planned move, with the holder's
@@ -193,7 +201,12 @@ func (p PlannedMove) Validate() error {
 		return err
 	}
 	if p.Channels != nil {
-		return intIn("channels", *p.Channels, 0, MaxCount)
+		if err := intIn("channels", *p.Channels, 0, MaxCount); err != nil {
+			return err
+		}
+	}
+	if p.Calls != nil {
+		return p.Calls.Validate()
 	}
 	return nil
 }

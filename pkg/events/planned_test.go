@@ -12,8 +12,9 @@ func init() {
 		TypePlannedMove: PlannedMove{Group: "pbx", Stage: PlannedWaiting, PlannedFacts: PlannedFacts{Verb: OpSwitchover, From: "n1", To: "n2",
 			Operator: "alice", RequestID: "0193a1b2-0000-7000-8000-000000000001",
 			RequestedAt: time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC), Deadline: time.Date(2026, 11, 30, 14, 30, 0, 0, time.UTC),
-			Drain: DrainWait, MaxChannels: 0, Channels: &two},
-			Reason:   "switchover to n2 waits for n1 to drain: 2 active channels (limit 0)",
+			Drain: DrainWait, MaxChannels: 0, Channels: &two, Calls: &HolderCalls{Node: "n1", Summary: "0193a1b2-0000-7000-8000-000000000003",
+				At: time.Date(2026, 11, 30, 14, 0, 0, 0, time.UTC), Channels: 6, CarriedChannels: 4, Calls: 3, Carriable: 2, Anchored: 1}},
+			Reason:   "switchover to n2 waits for n1 to drain: n1 has 6 active channels, 4 of them in 2 calls carried across: waits for 2 (limit 0)",
 			CausedBy: []string{"0193a1b2-0000-7000-8000-000000000002"}},
 	})
 }

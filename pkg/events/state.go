@@ -30,6 +30,9 @@ type GroupStatus struct {
 	// Planned is the operator's planned move waiting for the holder to
 	// drain (or, for a standby, one that gave up), if any.
 	Planned *PlannedStatus `json:"planned,omitempty"`
+	// Pin is the operator's pin of the group to a node, if one is in
+	// force: no automatic failback moves the group off it (pin.go).
+	Pin *PinStatus `json:"pin,omitempty"`
 }
 
 // NodeStatus is one node as the arbiter sees it.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/ami"
+	"github.com/fanpbx/fan/pkg/ami/pjsip"
 )
 
 // amiUse is one place a fan service logs in to this node's Asterisk, and
@@ -19,6 +20,7 @@ type amiUse struct {
 	cfg     amiSection
 	needs   []string // actions it cannot work without
 	wants   []string // actions whose absence costs a feature, not the service
+	lost    string   // the feature lost without wants
 }
 
 // actionClasses are the manager classes Asterisk 22 lets an action run
@@ -36,6 +38,9 @@ var actionClasses = map[string]string{
 	"Filter":             "system",
 	"PJSIPShowEndpoints": "system",
 	"PJSIPShowEndpoint":  "system",
+	"Getvar":             "call or reporting",
+	"CoreShowChannels":   "system or reporting",
+	"Hangup":             "system or call",
 }
 
 // uses lists every AMI login of this host's fan services.
@@ -50,7 +55,8 @@ func (r *run) uses() []amiUse {
 			// CoreStatus; the heartbeat's systemname is CoreSettings.
 			out = append(out, amiUse{who: "prober check " + c.Name, subject: fmt.Sprintf("prober.yaml checks[%d]", i),
 				cfg:   amiSection{Address: c.Address, Username: c.Username, Secret: c.Secret},
-				needs: []string{"Command", "CoreStatus"}, wants: []string{"CoreSettings"}})
+				needs: []string{"Command", "CoreStatus"}, wants: []string{"CoreSettings"},
+				lost: "the prober's heartbeat cannot carry this node's systemname, so no doctor can compare it with the other nodes'"})
 		}
 	}
 	if ip := r.files.ipmover; ip != nil && ip.isIP() && ip.answerMode() == "reload" && ip.AMI.Address != "" {
@@ -64,6 +70,24 @@ func (r *run) uses() []amiUse {
 		out = append(out, amiUse{who: "replicator (registrations)", subject: "replicator.yaml astdb.ami", cfg: rp.AstDB.AMI,
 			needs: []string{"DBGet", "DBGetTree", "DBPut", "DBDel", "Filter"}})
 	}
+	if rp := r.files.replicator; rp != nil && rp.recordsCalls() {
+		// On the holder it reads each call's dialogs and media (Getvar)
+		// and every channel (CoreShowChannels); without them no call is
+		// carried across a failover, and nothing else stops.
+		out = append(out, amiUse{who: "replicator (calls)", subject: "replicator.yaml calls.ami", cfg: rp.callsAMI(),
+			wants: []string{"Getvar", "CoreShowChannels"},
+			lost:  "the calls in progress are not recorded, so none is carried across a failover and planned moves wait for every call"})
+		// After a planned move it hangs up the channels its Asterisk
+		// still has of the calls another node kept, once they ended there.
+		out = append(out, amiUse{who: "replicator (calls a planned move left here)", subject: "replicator.yaml calls.ami", cfg: rp.callsAMI(),
+			wants: []string{"Hangup"},
+			lost:  "the channels of the calls a planned move leaves on this node's Asterisk are never hung up: they stay until Asterisk restarts, and a later move that waits for every channel waits for them"})
+		// At each reconcile it reads the settings that keep calls from
+		// surviving (what this doctor checks too) for its calls summary.
+		out = append(out, amiUse{who: "replicator (calls settings)", subject: "replicator.yaml calls.ami", cfg: rp.callsAMI(),
+			wants: []string{"Command", "PJSIPShowEndpoints", "PJSIPShowEndpoint"},
+			lost:  "its calls summary cannot report the endpoints' session timers and the transports' addresses, so fanctl status does not warn of them (this doctor still does, here)"})
+	}
 	return out
 }
 
@@ -73,7 +97,7 @@ type asteriskFacts struct {
 	systemName *string
 	// transports are `pjsip show transports` with each one's details; read
 	// says whether they could be read.
-	transports []pjsipTransport
+	transports []pjsip.Transport
 	read       bool
 	// addr is the AMI address they were read from.
 	addr string
@@ -204,16 +228,18 @@ func (r *run) checkRights(subject string, u amiUse, user string, allowed map[str
 		}
 		return
 	}
-	fix := fmt.Sprintf("in /etc/asterisk/manager.conf [%s]: write = system,command (what fan needs: deploy/asterisk/manager.conf), then asterisk -rx 'manager reload' and restart the fan services on this host (a session keeps the rights it logged in with)", user)
+	fix := fmt.Sprintf("in /etc/asterisk/manager.conf [%s]: write = system,command,reporting (what fan needs: deploy/asterisk/manager.conf), then asterisk -rx 'manager reload' and restart the fan services on this host (a session keeps the rights it logged in with)", user)
 	if names, classes := missing(u.needs); len(names) > 0 {
 		r.out.addf(Error, "asterisk.rights", subject+": "+u.who, fix,
 			"the user may not run %s (write class %s): %s fails without it", strings.Join(names, ", "), strings.Join(classes, "; "), u.who)
-	} else {
+	} else if len(u.needs) > 0 {
 		r.out.addf(OK, "asterisk.rights", subject+": "+u.who, "", "may run %s", strings.Join(u.needs, ", "))
 	}
 	if names, classes := missing(u.wants); len(names) > 0 {
 		r.out.addf(Warning, "asterisk.rights", subject+": "+u.who, fix,
-			"the user may not run %s (write class %s): the prober's heartbeat cannot carry this node's systemname, so no doctor can compare it with the other nodes'", strings.Join(names, ", "), strings.Join(classes, "; "))
+			"the user may not run %s (write class %s): %s", strings.Join(names, ", "), strings.Join(classes, "; "), u.lost)
+	} else if len(u.needs) == 0 {
+		r.out.addf(OK, "asterisk.rights", subject+": "+u.who, "", "may run %s", strings.Join(u.wants, ", "))
 	}
 }
 
@@ -235,7 +261,7 @@ func (r *run) checkEventRights(ctx context.Context, failed map[amiSection]bool) 
 		r.out.addf(Warning, "asterisk.events", subject, "", "cannot tell whether the user reads class system: %v", err)
 	case !ok:
 		r.out.addf(Error, "asterisk.events", subject,
-			fmt.Sprintf("in /etc/asterisk/manager.conf [%s]: read = system (deploy/asterisk/manager.conf), then asterisk -rx 'manager reload'", rp.AstDB.AMI.Username),
+			fmt.Sprintf("in /etc/asterisk/manager.conf [%s]: read = system,call (deploy/asterisk/manager.conf), then asterisk -rx 'manager reload'", rp.AstDB.AMI.Username),
 			"the user does not read class system: the registration events (ContactStatus) the replicator follows on the holder never reach it, so registrations reach the other node only with its reconcile (astdb.reconcile_interval)")
 	default:
 		r.out.addf(OK, "asterisk.events", subject, "", "reads class system (FullyBooted came after the login): the registration events reach the replicator")
@@ -287,7 +313,7 @@ func (r *run) readAsterisk(ctx context.Context, c *ami.Client, subject string, a
 	}
 	if !allowed["Command"] {
 		r.out.addf(Skipped, "sip.transports", subject, "", "the user may not run Command: the PJSIP transports were not read")
-	} else if ts, err := readTransports(act); err != nil {
+	} else if ts, err := pjsip.ReadTransports(act); err != nil {
 		r.out.addf(Warning, "sip.transports", subject, "", "could not read the PJSIP transports: %v", err)
 	} else {
 		facts.transports, facts.read = ts, true
@@ -320,53 +346,27 @@ const (
 
 // checkEndpoints reads each endpoint's timers and direct_media: what they
 // do to a call that survives a failover (docs/asterisk22.md).
-func (r *run) checkEndpoints(ctx context.Context, act func(string, ...ami.Field) (ami.Response, error)) {
-	resp, err := act("PJSIPShowEndpoints")
-	if err != nil {
+func (r *run) checkEndpoints(ctx context.Context, act pjsip.Action) {
+	eps, err := pjsip.ReadEndpoints(ctx, act, endpointBudget, endpointMax)
+	switch {
+	case errors.Is(err, pjsip.ErrRefused):
+		r.out.addf(Warning, "sip.endpoints", "PJSIPShowEndpoints", "", "%v", err)
+		return
+	case err != nil:
 		r.out.addf(Warning, "sip.endpoints", "PJSIPShowEndpoints", "", "no answer: %v", err)
 		return
-	}
-	if !resp.Success() {
-		if strings.HasPrefix(strings.TrimSpace(resp.Message()), "No endpoints found") {
-			r.out.addf(OK, "sip.endpoints", "PJSIPShowEndpoints", "", "no endpoints configured")
-		} else {
-			r.out.addf(Warning, "sip.endpoints", "PJSIPShowEndpoints", "", "refused: %s", resp.Message())
-		}
+	case len(eps.Names) == 0:
+		r.out.addf(OK, "sip.endpoints", "PJSIPShowEndpoints", "", "no endpoints configured")
 		return
 	}
-	var names []string
-	for _, ev := range resp.Events() {
-		if ev.Name() == "EndpointList" {
-			names = append(names, ev.Field("ObjectName"))
-		}
+	var timersOn []string
+	for _, e := range eps.Timers {
+		timersOn = append(timersOn, e.Name+" ("+e.Value+")")
 	}
-	deadline := time.Now().Add(endpointBudget)
-	var timersOn, noDirect []string
-	checked := 0
-	for _, name := range names {
-		if checked >= endpointMax || time.Now().After(deadline) || ctx.Err() != nil {
-			break
-		}
-		d, err := act("PJSIPShowEndpoint", ami.F("Endpoint", name))
-		if err != nil || !d.Success() {
-			continue
-		}
-		checked++
-		for _, ev := range d.Events() {
-			if ev.Name() != "EndpointDetail" {
-				continue
-			}
-			if t := ev.Field("Timers"); t != "no" {
-				timersOn = append(timersOn, name+" ("+t+")")
-			}
-			if ev.Field("DirectMedia") == "false" {
-				noDirect = append(noDirect, name)
-			}
-		}
-	}
-	of := fmt.Sprintf("%d endpoints", len(names))
-	if checked < len(names) {
-		of = fmt.Sprintf("%d of %d endpoints (the rest not read within %v)", checked, len(names), endpointBudget)
+	noDirect := eps.NoDirectMedia
+	of := fmt.Sprintf("%d endpoints", len(eps.Names))
+	if eps.Read < len(eps.Names) {
+		of = fmt.Sprintf("%d of %d endpoints (the rest not read within %v)", eps.Read, len(eps.Names), endpointBudget)
 	}
 	if len(timersOn) > 0 {
 		r.out.addf(Warning, "sip.timers", fmt.Sprintf("%d endpoints: %s", len(timersOn), listSome(timersOn)),

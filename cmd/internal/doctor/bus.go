@@ -266,7 +266,8 @@ func lastPart(msg string) string {
 // checkStreams: fan's streams exist (else: provision), and each one's raft
 // peers are current.
 func (r *run) checkStreams(ctx context.Context, c *connection, ids []identity) {
-	names := []string{events.EventsStream, events.LiveStream, events.CommandsStream, events.KVStreamName(events.StateBucket)}
+	calls := events.KVStreamName(events.CallsBucket)
+	names := []string{events.EventsStream, events.LiveStream, events.CommandsStream, events.KVStreamName(events.StateBucket), calls}
 	// Only the arbiter and the replicator may look at the object stores.
 	if slices.ContainsFunc(ids, func(id identity) bool { return id.name == "arbiter" || id.name == "replicator" }) {
 		names = append(names, events.ObjectStreamName(events.ReplBlobBucket), events.ObjectStreamName(events.ReplManifestBucket))
@@ -283,8 +284,12 @@ func (r *run) checkStreams(ctx context.Context, c *connection, ids []identity) {
 		switch {
 		case errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrBucketNotFound):
 			missing++
-			r.out.addf(Error, "bus.streams", name, "run fanctl provision with the admin's bundle: fanctl --config <admin bundle>/fanctl.yaml provision --replicas 3 (deploy/systemd/README.md, Provisioning)",
-				"not provisioned: the services wait for it and never become ready")
+			what := "not provisioned: the services wait for it and never become ready"
+			if name == calls {
+				// A bus provisioned before the bucket of calls existed.
+				what = "not provisioned: no call in progress is recorded, so none is carried across a failover"
+			}
+			r.out.addf(Error, "bus.streams", name, "run fanctl provision with the admin's bundle: fanctl --config <admin bundle>/fanctl.yaml provision --replicas 3 (deploy/systemd/README.md, Provisioning)", "%s", what)
 			continue
 		case err != nil:
 			r.out.addf(Error, "bus.streams", name, "", "could not be read as %s: %v (no permission, or no JetStream leader)", c.who, err)

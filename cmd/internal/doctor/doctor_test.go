@@ -173,6 +173,7 @@ func TestAsteriskChecks(t *testing.T) {
 	peer, err := amipeer.Start(amipeer.Config{AuthFailDelay: -1, SystemName: "pbx", Users: []amipeer.User{
 		{Name: "fan", Secret: "s", Read: []string{"system"}, Write: []string{"system", "command"}},
 		{Name: "weak", Secret: "s", Write: []string{"command"}},
+		{Name: "shipped", Secret: "s", Read: []string{"system", "call"}, Write: []string{"system", "command", "reporting"}},
 	}, Transports: []amipeer.Transport{{ID: "t-node", Bind: "127.0.0.1:5060"}},
 		Endpoints: []amipeer.Endpoint{{Name: "6001", Timers: "no"}, {Name: "6002"}, {Name: "6003", Timers: "no", NoDirectMedia: true}}})
 	if err != nil {
@@ -192,6 +193,16 @@ func TestAsteriskChecks(t *testing.T) {
 	must(t, rep, "asterisk.rights", OK, "Command, CoreStatus")
 	must(t, rep, "asterisk.rights", OK, "Reload")
 	must(t, rep, "asterisk.rights", OK, "DBGet, DBGetTree, DBPut, DBDel, Filter")
+	// The recorder of calls (on by default with a login) reads with
+	// Getvar, which write = system,command does not allow.
+	f := must(t, rep, "asterisk.rights", Warning, "may not run Getvar (write class call or reporting): the calls in progress are not recorded")
+	if !strings.Contains(f.Fix, "write = system,command,reporting") {
+		t.Errorf("fix %q", f.Fix)
+	}
+	must(t, doctorRun(t, Options{Etc: write(t, files("shipped", "s", "reload"))}), "asterisk.rights", OK, "may run Getvar, CoreShowChannels")
+	must(t, rep, "asterisk.rights", OK, "may run Command, PJSIPShowEndpoints, PJSIPShowEndpoint")
+	// It hangs up what a planned move left here: write = system allows it.
+	must(t, rep, "asterisk.rights", OK, "may run Hangup")
 	must(t, rep, "sip.timers", Warning, "6002 (yes)")
 	must(t, rep, "sip.direct-media", Warning, "6003")
 	must(t, rep, "sip.transports", OK, "t-node udp 127.0.0.1:5060")
@@ -211,9 +222,11 @@ func TestAsteriskChecks(t *testing.T) {
 	must(t, rep, "asterisk.rights", Error, "may not run DBGet, DBGetTree, DBPut, DBDel, Filter")
 	must(t, rep, "asterisk.rights", Warning, "may not run CoreSettings")
 	must(t, rep, "sip.endpoints", Skipped, "may not run PJSIPShowEndpoints")
+	must(t, rep, "asterisk.rights", Warning, "may not run PJSIPShowEndpoints, PJSIPShowEndpoint (write class system): its calls summary cannot report")
+	must(t, rep, "asterisk.rights", Warning, "may not run Hangup (write class system or call): the channels of the calls a planned move leaves")
 	must(t, rep, "asterisk.events", Error, "does not read class system")
 
-	f := must(t, doctorRun(t, Options{Etc: write(t, files("fan", "wrong", "reload"))}), "asterisk.login", Error, "refused the login")
+	f = must(t, doctorRun(t, Options{Etc: write(t, files("fan", "wrong", "reload"))}), "asterisk.login", Error, "refused the login")
 	if !strings.Contains(f.Fix, "[fan]") {
 		t.Fatalf("fix %q does not name the manager.conf user", f.Fix)
 	}
@@ -425,4 +438,33 @@ func TestRoutesOfTheLocalServer(t *testing.T) {
 	}
 	must(t, rep, "bus.connect", OK, "arbiter@ctl")
 	must(t, rep, "names.node", OK, `"ctl"`)
+}
+
+// external_media_address rewrites the SDP of the direct-media re-INVITEs
+// too (observed on Asterisk 22.10.1): the phones of a direct-media call
+// then send their audio to the node and hear nothing.
+func TestExternalMediaAddressIsNamed(t *testing.T) {
+	peer, err := amipeer.Start(amipeer.Config{AuthFailDelay: -1, Users: []amipeer.User{
+		{Name: "fan", Secret: "s", Read: []string{"system"}, Write: []string{"system", "command", "reporting"}},
+	}, Transports: []amipeer.Transport{
+		{ID: "t-node", Bind: "127.0.0.1:5060", ExternalSignalingAddress: "127.0.0.50", ExternalMediaAddress: "127.0.0.50"},
+		{ID: "t-float", Bind: "127.0.0.50:5060", ExternalSignalingAddress: "127.0.0.50"},
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	ami := fmt.Sprintf("address: %s\n  username: fan\n  secret: s", peer.Addr())
+	rep := doctorRun(t, Options{Etc: write(t, map[string]string{
+		"ipmover.yaml": "cluster: c\nnode: n1\ninterface: lo\nanswer: {mode: reload}\nami:\n  " + ami + "\ngroups:\n  - {name: pbx, prefixes: [127.0.0.50/8]}\n",
+	})})
+	f := must(t, rep, "sip.media-address", Warning, "external_media_address = 127.0.0.50")
+	if f.Subject != "t-node" || !strings.Contains(f.Fix, "remove external_media_address from t-node") {
+		t.Errorf("finding %+v", f)
+	}
+	for _, x := range rep.Findings {
+		if x.Check == "sip.media-address" && x.Subject == "t-float" {
+			t.Errorf("t-float has no external_media_address, named anyway: %+v", x)
+		}
+	}
 }

@@ -103,6 +103,27 @@ type replicatorFile struct {
 		Families []string   `yaml:"families"`
 		AMI      amiSection `yaml:"ami"`
 	} `yaml:"astdb"`
+	Calls struct {
+		Enabled *bool      `yaml:"enabled"`
+		AMI     amiSection `yaml:"ami"`
+	} `yaml:"calls"`
+}
+
+// callsAMI is the recorder of calls' login: its own, else the
+// registrations' (as fan-replicator reads the file).
+func (f *replicatorFile) callsAMI() amiSection {
+	if f.Calls.AMI == (amiSection{}) && f.AstDB.Enabled {
+		return f.AstDB.AMI
+	}
+	return f.Calls.AMI
+}
+
+// recordsCalls: the recorder is on (by default wherever there is a login).
+func (f *replicatorFile) recordsCalls() bool {
+	if f.Calls.Enabled != nil {
+		return *f.Calls.Enabled
+	}
+	return f.callsAMI().Address != ""
 }
 
 type arbiterGroup struct {

@@ -6,182 +6,12 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/fanpbx/fan/pkg/ami"
+	"github.com/fanpbx/fan/pkg/ami/pjsip"
 )
 
-// pjsipTransport is one transport as `pjsip show transport ID` shows it.
-type pjsipTransport struct {
-	ID, Protocol, Bind               string
-	ExtSignaling, ExtMedia, LocalNet string
-}
-
-// bindAddr is the transport's bind address and port (5060, or 5061 for
-// TLS, when the bind names none).
-func (t pjsipTransport) bindAddr() (netip.AddrPort, bool) {
-	if ap, err := netip.ParseAddrPort(t.Bind); err == nil {
-		return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port()), true
-	}
-	a, err := netip.ParseAddr(strings.Trim(t.Bind, "[]"))
-	if err != nil {
-		return netip.AddrPort{}, false
-	}
-	port := uint16(5060)
-	if t.Protocol == "tls" {
-		port = 5061
-	}
-	return netip.AddrPortFrom(a.Unmap(), port), true
-}
-
-// readTransports asks `pjsip show transports` and then each transport's
-// details (Action: Command, as docs/asterisk22.md records the output).
-func readTransports(act func(string, ...ami.Field) (ami.Response, error)) ([]pjsipTransport, error) {
-	cmd := func(c string) ([]string, error) {
-		resp, err := act("Command", ami.F("Command", c))
-		if err != nil {
-			return nil, err
-		}
-		if !resp.Success() {
-			return nil, fmt.Errorf("%s: %s %s", c, resp.Message(), strings.Join(resp.Outputs(), " "))
-		}
-		return resp.Outputs(), nil
-	}
-	lines, err := cmd("pjsip show transports")
-	if err != nil {
-		return nil, err
-	}
-	ts := parseTransportList(lines)
-	for i := range ts {
-		detail, err := cmd("pjsip show transport " + ts[i].ID)
-		if err != nil {
-			return nil, err
-		}
-		applyTransportDetail(&ts[i], detail)
-	}
-	return ts, nil
-}
-
-// parseTransportList reads the rows of `pjsip show transports`:
-// "Transport:  <id> <type> <cos> <tos> <bind>".
-func parseTransportList(lines []string) []pjsipTransport {
-	var out []pjsipTransport
-	for _, l := range lines {
-		rest, ok := strings.CutPrefix(strings.TrimSpace(l), "Transport:")
-		if !ok || strings.Contains(rest, "<TransportId") {
-			continue
-		}
-		f := strings.Fields(rest)
-		if len(f) < 5 {
-			continue
-		}
-		out = append(out, pjsipTransport{ID: f[0], Protocol: f[1], Bind: f[4]})
-	}
-	return out
-}
-
-// applyTransportDetail reads the " name : value" lines of `pjsip show
-// transport ID`.
-func applyTransportDetail(t *pjsipTransport, lines []string) {
-	for _, l := range lines {
-		name, value, ok := strings.Cut(strings.TrimSpace(l), ":")
-		if !ok {
-			continue
-		}
-		value = strings.TrimSpace(value)
-		switch strings.TrimSpace(name) {
-		case "external_signaling_address":
-			t.ExtSignaling = value
-		case "external_media_address":
-			t.ExtMedia = value
-		case "local_net":
-			t.LocalNet = value
-		case "protocol":
-			t.Protocol = value
-		case "bind":
-			t.Bind = value
-		}
-	}
-}
-
-// extIs says whether the transport writes fl in its Contact for every
-// destination: external_signaling_address is fl and no local_net exempts
-// any (with local_net set, destinations inside it get the address the
-// message leaves from).
-func (t pjsipTransport) extIs(fl netip.Addr) bool {
-	a, err := netip.ParseAddr(t.ExtSignaling)
-	return err == nil && a.Unmap() == fl && t.LocalNet == ""
-}
-
-// contactVerdict says whether the dialogs of phones that use the floating
-// address fl:port carry fl in their Contact, and if not, which transports
-// make them carry the node's own address.
-//
-// What Asterisk 22.10.1 does (docs/asterisk22.md, "What fanctl doctor
-// asks"), over UDP: it writes in the Contact the address of the transport a
-// message leaves from. An answer to a request received on the floating
-// address leaves from the transport bound to the address the kernel picks
-// as source towards the phone (the node's own: the floating address is a
-// second address of the same subnet) when one is bound to it on the same
-// port; a request Asterisk starts (a call to a phone) may leave from any UDP
-// transport, and one on the node's address writes that address whatever its
-// port; one bound to 0.0.0.0 writes the source address the kernel picks.
-// external_signaling_address replaces the address for destinations outside
-// local_net (every destination while local_net is empty), on the transport
-// the message leaves from. So every UDP transport not bound to fl must
-// write fl, and so must those bound to fl when another shares their port
-// (an endpoint tied to them keeps their settings after the switch).
-func contactVerdict(ts []pjsipTransport, fl netip.AddrPort) (ok bool, culprits []string, why string) {
-	var floating, sharing, others []pjsipTransport
-	for _, t := range ts {
-		ap, good := t.bindAddr()
-		if !good || t.Protocol != "udp" || ap.Addr().Is4() != fl.Addr().Is4() {
-			continue
-		}
-		switch {
-		case ap.Addr() == fl.Addr():
-			floating = append(floating, t)
-		default:
-			others = append(others, t)
-			if ap.Port() == fl.Port() {
-				sharing = append(sharing, t)
-			}
-		}
-	}
-	lacking := func(list []pjsipTransport) []string {
-		var out []string
-		for _, t := range list {
-			if !t.extIs(fl.Addr()) && !slices.Contains(out, t.ID) {
-				out = append(out, t.ID)
-			}
-		}
-		return out
-	}
-	if len(floating) == 0 && len(others) == 0 {
-		return false, nil, "no UDP transport answers there"
-	}
-	culprits = lacking(others)
-	if len(sharing) > 0 {
-		culprits = append(lacking(floating), culprits...)
-	}
-	if len(culprits) == 0 {
-		if len(others) == 0 {
-			return true, nil, fmt.Sprintf("%s is bound to %s and no other UDP transport is configured", floating[0].ID, fl.Addr())
-		}
-		return true, nil, fmt.Sprintf("every UDP transport on another address writes external_signaling_address %s", fl.Addr())
-	}
-	var names []string
-	for _, t := range others {
-		if slices.Contains(culprits, t.ID) {
-			names = append(names, t.ID+" ("+t.Bind+")")
-		}
-	}
-	switch {
-	case len(names) == 0:
-		why = fmt.Sprintf("%s shares port %d with a transport on another address, and a dialog moved onto it keeps %s's settings", strings.Join(culprits, ", "), fl.Port(), culprits[0])
-	default:
-		why = fmt.Sprintf("%s, bound to another address, write%s its own address (the node's) in the Contact of what leaves from it", strings.Join(names, ", "), map[bool]string{true: "s", false: ""}[len(names) == 1])
-	}
-	return false, culprits, why
-}
+// The transports are read and judged by pkg/ami/pjsip, which the
+// replicator's call recorder shares so that fanctl status warns from the
+// same verdicts as doctor.
 
 // checkFloatingTransports: a transport answers on each floating address
 // (bound to it, or to 0.0.0.0 with a warning), and dialogs opened there
@@ -195,10 +25,15 @@ func (r *run) checkFloatingTransports(pbx asteriskFacts, groups map[string]*grou
 	var fls []netip.Addr
 	for _, p := range r.floating(groups) {
 		// A range (no host bits) names no one address to look for.
-		if p != p.Masked() || p.IsSingleIP() {
-			if !slices.Contains(fls, p.Addr()) {
-				fls = append(fls, p.Addr())
-			}
+		if a, ok := pjsip.Floating(p); ok && !slices.Contains(fls, a) {
+			fls = append(fls, a)
+		}
+	}
+	for _, t := range pbx.transports {
+		if t.RewritesMedia() {
+			r.out.addf(Warning, "sip.media-address", t.ID,
+				fmt.Sprintf("remove external_media_address from %s (deploy/asterisk/pjsip.conf) unless every endpoint has direct_media = no, then restart Asterisk", t.ID),
+				"external_media_address = %s: Asterisk writes it into every SDP it sends, the direct-media re-INVITEs included, so the phones of a direct-media call send their audio to this node, which relays nothing, and hear nothing (observed on Asterisk 22.10.1)", t.ExtMedia)
 		}
 	}
 	if len(fls) == 0 {
@@ -208,9 +43,9 @@ func (r *run) checkFloatingTransports(pbx asteriskFacts, groups map[string]*grou
 	for _, fl := range fls {
 		target := netip.AddrPortFrom(fl, port)
 		subject := target.String()
-		var bound, anyBound *pjsipTransport
+		var bound, anyBound *pjsip.Transport
 		for i, t := range pbx.transports {
-			ap, ok := t.bindAddr()
+			ap, ok := t.BindAddr()
 			if !ok || ap.Port() != port {
 				continue
 			}
@@ -238,7 +73,7 @@ func (r *run) checkFloatingTransports(pbx asteriskFacts, groups map[string]*grou
 				"no PJSIP transport is bound to it (nor to 0.0.0.0:%d): after a claim nothing answers SIP on the floating address", port)
 			continue
 		}
-		ok, culprits, why := contactVerdict(pbx.transports, target)
+		ok, culprits, why := pjsip.ContactVerdict(pbx.transports, target)
 		if ok {
 			r.out.addf(OK, "sip.contact", subject, "", "dialogs carry %s in their Contact: %s", fl, why)
 			continue

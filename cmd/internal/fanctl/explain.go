@@ -51,8 +51,15 @@ func runExplain(inv *invocation, args []string) error {
 }
 
 func printChain(w io.Writer, chain []view.Link) error {
-	for _, l := range chain {
+	var calls *view.CallsOutcome
+	for i, l := range chain {
 		ind := strings.Repeat("  ", l.Depth)
+		if l.Consequence {
+			if i == 0 || !chain[i-1].Consequence {
+				fmt.Fprintf(w, "what followed (the claim's result and the adoption of the calls, looked for up to %s after the decision):\n", view.OutcomeWithin)
+			}
+			ind = "  => "
+		}
 		switch {
 		case l.Event == nil:
 			fmt.Fprintf(w, "%s? %s (not in the trail read: live state (a heartbeat or probe result) older than the live stream keeps, "+
@@ -70,6 +77,9 @@ func printChain(w io.Writer, chain []view.Link) error {
 		if _, err := fmt.Fprintf(w, "%s id=%s\n", line, l.ID); err != nil {
 			return err
 		}
+		if l.Calls != nil && calls == nil {
+			calls = l.Calls
+		}
 		// The probe results are carried in the transition itself.
 		if v, ok := l.Payload().(*events.HealthTransition); ok {
 			for _, ev := range v.Evidence {
@@ -79,6 +89,12 @@ func printChain(w io.Writer, chain []view.Link) error {
 				}
 				fmt.Fprintf(w, "%s  probe %s %s %s in %.1fms\n", ind, stamp(ev.At), v.Check, res, ev.DurationMS)
 			}
+		}
+	}
+	// What the move did to the calls, once its consequences are shown.
+	if calls != nil {
+		if _, err := fmt.Fprintln(w, calls.String()); err != nil {
+			return err
 		}
 	}
 	return nil

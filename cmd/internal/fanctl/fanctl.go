@@ -18,6 +18,7 @@ import (
 	"os/signal"
 	"runtime"
 	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,7 +33,7 @@ import (
 
 // commands lists every command fanctl dispatches, in the order help lists
 // them; each has a case in dispatch and a commandSpec (help.go).
-var commands = []string{"events", "status", "explain", "windows", "replay", "serve", "switchover", "failback", "maintenance", "node",
+var commands = []string{"events", "status", "explain", "windows", "replay", "serve", "switchover", "failback", "maintenance", "node", "leaders",
 	"nats-config", "provision", "init", "install-host", "doctor", "backup", "restore", "help", "version", "completion"}
 
 // hoistGlobalFlags moves fanctl's own flags to the front wherever they
@@ -283,6 +284,8 @@ func dispatch(inv *invocation, cmd string, rest []string) error {
 		return runReplay(inv, rest)
 	case "switchover", "failback", "maintenance", "node":
 		return runOperate(inv, cmd, rest)
+	case "leaders":
+		return runLeaders(inv, rest)
 	case "serve":
 		return runServe(inv, rest)
 	case "nats-config":
@@ -476,13 +479,24 @@ func runStatus(inv *invocation, args []string) error {
 		fmt.Fprintln(inv.stdout, "no group status yet (is an arbiter leading?)")
 		return nil
 	}
-	return PrintStatus(inv.stdout, groups, view.LastHeard(records, view.Heartbeats(inv.bounded, b, records)), time.Now())
+	now := time.Now()
+	calls := view.CallNotes(records, view.CallsSummaries(inv.bounded, b, records), now)
+	// The operator's leaders hold is the cluster's, beside the groups'.
+	if inv.cluster != "" {
+		holds, err := view.Records[events.LeadersHoldRecord](inv.bounded, b, events.LeadersHoldKey(inv.cluster))
+		if err != nil {
+			return err
+		}
+		calls = append(calls, view.HoldNotes(holds, now)...)
+	}
+	return PrintStatus(inv.stdout, groups, view.LastHeard(records, view.Heartbeats(inv.bounded, b, records)), now, calls...)
 }
 
 // PrintStatus renders group status records as two tables. heard maps
 // "group/node" to when the node was last heard (lastHeard); a node missing
-// from it shows the arbiter's own record of its last heartbeat.
-func PrintStatus(w io.Writer, groups []events.GroupStatus, heard map[string]time.Time, now time.Time) error {
+// from it shows the arbiter's own record of its last heartbeat. more are
+// notes of other sources (view.CallNotes), printed among the arbiter's.
+func PrintStatus(w io.Writer, groups []events.GroupStatus, heard map[string]time.Time, now time.Time, more ...string) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "GROUP\tADDRESSES\tHOLDER\tEPOCH\tSINCE\tUPDATED")
 	for _, g := range groups {
@@ -503,7 +517,9 @@ func PrintStatus(w io.Writer, groups []events.GroupStatus, heard map[string]time
 	}
 	// What the arbiter is waiting for, when it is waiting: only printed
 	// when there is something to say, so the common case stays short.
-	if notes := view.Notes(groups, heard, now); len(notes) > 0 {
+	notes := append(view.Notes(groups, heard, now), more...)
+	sort.Strings(notes)
+	if len(notes) > 0 {
 		fmt.Fprintln(tw)
 		for _, n := range notes {
 			fmt.Fprintln(tw, n)

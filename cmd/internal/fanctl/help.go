@@ -145,11 +145,19 @@ func init() {
 			Examples: []string{"fanctl --config /etc/fan/bus/fanctl.yaml serve --token-file /etc/fan/page.token"},
 			Values:   map[string]valueKind{"token-file": kindFile}},
 		{Name: "switchover", Section: sectionActions,
-			Synopsis: "--to NODE [--group G] [--reason TEXT] [--as COMMENT] [--within D] [--force-after | --now] [--json]\n" +
-				"--cancel [--group G] [--reason TEXT] [--as COMMENT] [--json]",
-			Summary: "move a group to NODE once the holder's calls have ended (--cancel: the planned switchover still waiting)",
+			Synopsis: "--to NODE [--group G] [--reason TEXT] [--as COMMENT] [--within D] [--force-after | --now] [--for D | --until TIME] [--json]\n" +
+				"--cancel [--group G] [--reason TEXT] [--as COMMENT] [--json]\n" +
+				"--clear [--group G] [--reason TEXT] [--as COMMENT] [--json]",
+			Summary: "move a group to NODE once the holder's calls have ended, and pin it there (--cancel: the planned switchover still waiting; --clear: the pin)",
 			Examples: []string{"fanctl switchover --to n2 --reason \"kernel update on n1\"",
-				"fanctl switchover --to n2 --group pbx --within 45m --force-after", "fanctl switchover --cancel --group pbx"},
+				"fanctl switchover --to n2 --group pbx --within 45m --force-after --for 2h", "fanctl switchover --cancel --group pbx",
+				"fanctl switchover --clear --group pbx --reason \"n1 upgraded\""},
+			More: func() string {
+				return wrap("The pin keeps automatic failback from moving the group off NODE, whatever window is open; a failover still "+
+					"moves it, and ends the pin. It lasts until --clear, another switchover, its --for (from the move) or --until. "+
+					"A switchover --to the node that already holds the group moves nothing: with --for or --until it pins the group "+
+					"there from now, replacing the pin in force (how a pin about to end is renewed).", "")
+			},
 			Values: map[string]valueKind{"to": kindNode, "group": kindGroup}},
 		{Name: "failback", Section: sectionActions, Synopsis: "--now --reason TEXT [--group G] [--as COMMENT] [--json]",
 			Summary:  "fail back to the preferred node now, outside any window",

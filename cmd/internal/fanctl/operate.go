@@ -74,7 +74,6 @@ func (d drainFlags) apply(req *events.OperatorRequest) error {
 }
 
 func runOperate(inv *invocation, cmd string, args []string) error {
-	cluster, operator, stdout := inv.cluster, inv.operator, inv.stdout
 	fs := flag.NewFlagSet(cmd, flag.ContinueOnError)
 	var req events.OperatorRequest
 	var o operatorFlags
@@ -83,10 +82,12 @@ func runOperate(inv *invocation, cmd string, args []string) error {
 	var nodeArg string
 	switch cmd {
 	case "switchover":
-		to := fs.String("to", "", "the node to move the group to")
+		to := fs.String("to", "", "the node to move the group to (it stays there: the group is pinned to it until --clear, its --for or --until, or a failover)")
 		cancel := fs.Bool("cancel", false, "cancel the group's planned switchover that is waiting for the holder to drain")
+		clear := fs.Bool("clear", false, "clear the group's pin: automatic failback may move it again")
 		o = addOperatorFlags(fs, true)
 		d := addDrainFlags(fs)
+		p := addLifetimeFlags(fs, "pin the group to NODE for this long after the move", "pin the group to NODE until this time")
 		pos, err := parseInterspersed(fs, args)
 		if err != nil {
 			return err
@@ -95,13 +96,20 @@ func runOperate(inv *invocation, cmd string, args []string) error {
 			return err
 		}
 		req = events.OperatorRequest{Verb: events.OpSwitchover, Node: *to, Cancel: *cancel}
-		if *cancel && (*to != "" || *d.now || *d.forceAfter || *d.within != 0) {
-			return usagef("--cancel cancels the waiting move: it takes no --to, --now, --within or --force-after")
-		}
-		if !*cancel && *to == "" {
-			return usagef("--to NODE is required (or --cancel)")
+		switch {
+		case *cancel && *clear:
+			return usagef("--cancel cancels the waiting move, --clear the pin: one at a time")
+		case (*cancel || *clear) && (*to != "" || *d.now || *d.forceAfter || *d.within != 0 || p.given()):
+			return usagef("--cancel and --clear take no --to, --now, --within, --force-after, --for or --until")
+		case *clear:
+			req = events.OperatorRequest{Verb: events.OpUnpin}
+		case !*cancel && *to == "":
+			return usagef("--to NODE is required (or --cancel, or --clear)")
 		}
 		if err := d.apply(&req); err != nil {
+			return err
+		}
+		if err := p.apply(&req, time.Now(), events.MinPinFor, events.MaxPinFor); err != nil {
 			return err
 		}
 		nodeArg = "--to"
@@ -160,6 +168,14 @@ func runOperate(inv *invocation, cmd string, args []string) error {
 		}
 		nodeArg = "NODE"
 	}
+	req.Group, req.Reason, req.Comment = *o.group, *o.reason, *o.as
+	return sendOperatorRequest(inv, req, o, nodeArg)
+}
+
+// sendOperatorRequest checks req (who asks, its names against the
+// cluster's status), sends it to the arbiter leader and prints the answer.
+func sendOperatorRequest(inv *invocation, req events.OperatorRequest, o operatorFlags, nodeArg string) error {
+	cluster, operator, stdout := inv.cluster, inv.operator, inv.stdout
 	if operator == "" {
 		return usagef("no operator identity: set operator: in fanctl's --config (FANCTL_CONFIG) or --operator (FAN_OPERATOR) " +
 			"to the operator whose credentials you use; the arbiter records the action as that operator")
@@ -167,7 +183,7 @@ func runOperate(inv *invocation, cmd string, args []string) error {
 	if err := events.ValidToken("operator", operator); err != nil {
 		return usagef("--operator: %v", err)
 	}
-	req.Group, req.Reason, req.Operator, req.Comment = *o.group, *o.reason, operator, *o.as
+	req.Operator = operator
 	if err := req.Validate(); err != nil {
 		return usagef("%v", err)
 	}

@@ -59,6 +59,7 @@ func runProvision(inv *invocation, args []string) error {
 	liveAge := fs.Duration("live-max-age", cfg.Limits.LiveMaxAge.D(), "how long the live stream keeps heartbeats and probe results (10m..168h)")
 	fs.Int64Var(&cfg.Limits.CommandsMiB, "commands-mib", cfg.Limits.CommandsMiB, "the command stream's byte limit in MiB (16..65536)")
 	fs.Int64Var(&cfg.Limits.StateMiB, "state-mib", cfg.Limits.StateMiB, "the state bucket's byte limit in MiB (16..16384)")
+	fs.Int64Var(&cfg.Limits.CallsMiB, "calls-mib", cfg.Limits.CallsMiB, "the byte limit in MiB of the bucket of calls in progress (16..16384)")
 	wait := fs.Duration("wait", time.Minute, "how long to keep trying while JetStream elects its leaders")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -81,10 +82,10 @@ func runProvision(inv *invocation, args []string) error {
 	if err := b.ProvisionObjectStores(pctx); err != nil {
 		return fmt.Errorf("provision object stores: %w", err)
 	}
-	fmt.Fprintf(stdout, "provisioned %s, %s, %s, bucket %s and the replicator's object stores (%d replicas); the audit stream denies delete and purge\n",
-		bus.EventsStream, bus.LiveStream, bus.CommandsStream, bus.StateBucket, cfg.Replicas)
-	fmt.Fprintf(stdout, "each NATS server with a replica needs %d MiB for them (audit %d, live %d, commands %d, state %d) plus the replicated trees\n",
-		cfg.Limits.TotalMiB(), cfg.Limits.EventsMiB, cfg.Limits.LiveMiB, cfg.Limits.CommandsMiB, cfg.Limits.StateMiB)
+	fmt.Fprintf(stdout, "provisioned %s, %s, %s, buckets %s and %s and the replicator's object stores (%d replicas); the audit stream denies delete and purge\n",
+		bus.EventsStream, bus.LiveStream, bus.CommandsStream, bus.StateBucket, bus.CallsBucket, cfg.Replicas)
+	fmt.Fprintf(stdout, "each NATS server with a replica needs %d MiB for them (audit %d, live %d, commands %d, state %d, calls %d) plus the replicated trees\n",
+		cfg.Limits.TotalMiB(), cfg.Limits.EventsMiB, cfg.Limits.LiveMiB, cfg.Limits.CommandsMiB, cfg.Limits.StateMiB, cfg.Limits.CallsMiB)
 	return nil
 }
 

@@ -433,9 +433,11 @@ func (s Site) managerUser(h Host, sec secrets) []byte {
 	w.line(0, "permit = 127.0.0.1/255.255.255.255")
 	w.line(0, "; write system: CoreStatus, CoreSettings, the AstDB actions and Filter (the")
 	w.line(0, "; registrations), Reload, PJSIPShowEndpoint(s); command: core show channels")
-	w.line(0, "; count and what fanctl doctor reads. read system: the registration events.")
-	w.line(0, "write = system,command")
-	w.line(0, "read = system")
+	w.line(0, "; count and what fanctl doctor reads; reporting: Getvar and CoreShowChannels")
+	w.line(0, "; (the calls the replicator records). read system: the registration events;")
+	w.line(0, "; call: the bridge and hang-up events of calls.")
+	w.line(0, "write = system,command,reporting")
+	w.line(0, "read = system,call")
 	return w.bytes()
 }
 
@@ -443,8 +445,9 @@ func (s Site) managerUser(h Host, sec secrets) []byte {
 // merge (deploy/asterisk/pjsip.conf explains every line): a transport on
 // the host's own address (what fan's checks ask), one on each floating
 // address (bound in advance), both writing the floating address into
-// dialogs' Contact so a phone's in-dialog requests follow a failover, and
-// the registration events the replicator follows.
+// dialogs' Contact so a phone's in-dialog requests follow a failover (and
+// no external_media_address, which would send a direct-media call's audio
+// to the node), and the registration events the replicator follows.
 func (s Site) pjsipTransports(h Host) []byte {
 	w := &yw{}
 	g, _ := s.GroupOf(h.Name)
@@ -467,7 +470,6 @@ func (s Site) pjsipTransports(h Host) []byte {
 	w.line(0, "bind = %s", hostPort(h.Address, s.Asterisk.SIPPort))
 	if float != "" {
 		w.line(0, "external_signaling_address = %s", float)
-		w.line(0, "external_media_address = %s", float)
 	}
 	for i, a := range g.Addresses {
 		p, err := netip.ParsePrefix(a)
@@ -484,7 +486,6 @@ func (s Site) pjsipTransports(h Host) []byte {
 		w.line(0, "protocol = udp")
 		w.line(0, "bind = %s", hostPort(p.Addr().String(), s.Asterisk.SIPPort))
 		w.line(0, "external_signaling_address = %s", p.Addr())
-		w.line(0, "external_media_address = %s", p.Addr())
 	}
 	return w.bytes()
 }

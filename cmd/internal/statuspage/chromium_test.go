@@ -59,6 +59,25 @@ func TestPageInChromium(t *testing.T) {
 		"sip":     {TargetNode: "n2", Role: events.RoleSelf, Health: events.HealthUp, Since: now.Add(-time.Hour)},
 		"peer-n1": {TargetNode: "n1", Role: events.RolePeer, Health: events.HealthUp, Since: now.Add(-time.Hour)}})
 	p.putPlan(now)
+	// n1's replicator restates its calls summary, as it does every 2 s.
+	p.summarise(heldSummary())
+	stopSummaries := make(chan struct{})
+	summariesDone := make(chan struct{})
+	go func() {
+		defer close(summariesDone)
+		for {
+			select {
+			case <-stopSummaries:
+				return
+			case <-time.After(time.Second):
+				s := heldSummary()
+				if _, err := p.repl["n1"].Emit(context.Background(), s); err != nil {
+					t.Errorf("summary: %v", err)
+				}
+			}
+		}
+	}()
+	defer func() { close(stopSummaries); <-summariesDone }()
 	if _, err := p.arb.Emit(context.Background(), events.ArbiterDecision{Group: "pbx", Action: events.ActionPlace, To: "n1",
 		Reason: "n1 is preferred and healthy", CausedBy: []string{"0193a1b2-0000-7000-8000-000000000001"}}, events.WithEpoch(1)); err != nil {
 		t.Fatal(err)
@@ -138,9 +157,25 @@ func TestPageInChromium(t *testing.T) {
 		chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`tr[data-group="lab/pbx"] td.holder[data-holder="n1"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#timeline li`)))
-	shown := value("the status", chromedp.Text(chromedp.ID("app")))
-	for _, want := range []string{"198.51.100.10/24", "pbx: holding: n1 is preferred and healthy", "nightly: opens in",
-		"peer-n1 (peer, by n2)", "pbx: failback permitted until"} {
+	// The live events (the calls summary among them) reach the page after
+	// the status it first draws: each is waited for, up to 10 s in all.
+	wants := []string{"198.51.100.10/24", "pbx: holding: n1 is preferred and healthy", "nightly: opens in",
+		"peer-n1 (peer, by n2)", "pbx: failback permitted until", "1 up, 1 carriable",
+		"pbx: CALLS: 2 endpoints on n1 negotiate session timers (6001, 6002)"}
+	var shown string
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		shown = value("the status", chromedp.Text(chromedp.ID("app")))
+		missing := 0
+		for _, want := range wants {
+			if !strings.Contains(shown, want) {
+				missing++
+			}
+		}
+		if missing == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	for _, want := range wants {
 		if !strings.Contains(shown, want) {
 			t.Errorf("the page lacks %q:\n%s", want, shown)
 		}
@@ -224,4 +259,151 @@ func (p *page) putPlan(now time.Time) {
 	if _, err := kv.Put(ctx, events.ScheduleKey("lab"), v); err != nil {
 		p.t.Fatal(err)
 	}
+}
+
+// TestChartsInChromium draws a known week (publishKnownTrail) in a real
+// headless Chromium, at 1366×768 and at a phone's width, and reads what
+// is drawn: the moves on each strip, each failover's bar and its
+// milliseconds, a node's channel count, the leaders hold's banner; a click
+// on a failover's bar explains it. The page must not scroll sideways at
+// either width (the tables scroll within themselves).
+func TestChartsInChromium(t *testing.T) {
+	chrome, err := exec.LookPath("chromium")
+	if err != nil {
+		prereq.SkipOrFail(t, "chromium is not installed (apt-get install chromium; make deps)")
+	}
+	p := startPage(t, statuspage.Config{})
+	now := time.Now()
+	st := group("n2", 3, now)
+	p.putStatus(st)
+	tr := p.publishKnownTrail(now)
+	kv, err := p.arb.StateKV(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hold, _ := json.Marshal(events.LeadersHoldRecord{LeadersHoldFacts: events.LeadersHoldFacts{Operator: "alice", Reason: "witness reboot",
+		Server: "nats-pbx-b", Since: now, Until: now.Add(30 * time.Minute), HeldSince: now, RequestID: "r", ActionID: "a"}, EventID: "h"})
+	if _, err := kv.Put(context.Background(), events.LeadersHoldKey("lab"), hold); err != nil {
+		t.Fatal(err)
+	}
+	dir := artefacts(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	opts := append(chromedp.DefaultExecAllocatorOptions[:], chromedp.ExecPath(chrome), chromedp.UserDataDir(t.TempDir()),
+		chromedp.Env("TMPDIR="+t.TempDir()), chromedp.WindowSize(1366, 768), chromedp.NoSandbox,
+		chromedp.Flag("disable-dev-shm-usage", true), chromedp.Flag("disable-gpu", true))
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx, opts...)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	defer cancelBrowser()
+	if err := chromedp.Do(bctx); err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		if err != nil {
+			t.Errorf("screenshot %s: %v", name, err)
+			return
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), png, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("screenshot %s (%d bytes)", filepath.Join(dir, name), len(png))
+	}
+	run := func(what string, actions ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		sctx, cancel := context.WithTimeout(bctx, 15*time.Second)
+		defer cancel()
+		if err := chromedp.Do(sctx, actions...); err != nil {
+			shot("charts-failed.png")
+			state, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText`))
+			t.Fatalf("%s: %v\npage:\n%s\nlog:\n%s", what, err, state, p.logs.String())
+		}
+	}
+	eval := func(what, js string) string {
+		t.Helper()
+		v, err := chromedp.Run(bctx, chromedp.Evaluate[string](js))
+		if err != nil {
+			t.Fatalf("%s: %v", what, err)
+		}
+		return v
+	}
+	drawn := fmt.Sprintf(`[...document.querySelectorAll('#failovers g.fo')].length === %d && !!document.querySelector('.node-card[data-node="n1"]')`, len(tr.Failovers))
+	waitDrawn := func(what string) {
+		t.Helper()
+		deadline := time.Now().Add(15 * time.Second)
+		for eval(what, `String(`+drawn+`)`) != "true" {
+			if time.Now().After(deadline) {
+				shot("charts-failed.png")
+				t.Fatalf("%s: the charts are not drawn after 15 s:\n%s", what, eval("the page", `document.body.innerText`))
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	run("the login", chromedp.Navigate(p.base), chromedp.WaitVisible(chromedp.ID("token")),
+		chromedp.SendKeys(chromedp.ID("token"), testToken), chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`svg.strip[data-range="24h"]`)))
+	waitDrawn("at 1366x768")
+
+	check := func(width string) {
+		t.Helper()
+		for rng, want := range map[string]int{"24h": tr.Moves24h, "7d": tr.Moves7d} {
+			sel := fmt.Sprintf(`svg.strip[data-range="%s"]`, rng)
+			got := eval("moves", fmt.Sprintf(`document.querySelector('%s').dataset.moves + '/' + document.querySelectorAll('%s g.move').length`, sel, sel))
+			if w := fmt.Sprintf("%d/%d", want, want); got != w {
+				t.Errorf("%s: the %s strip has %s moves (data/marks), want %s", width, rng, got, w)
+			}
+		}
+		if got := eval("the switchover", fmt.Sprintf(`String(document.querySelectorAll('g.move[data-id="%s"][data-action="switchover"]').length)`,
+			tr.Switchover)); got != "2" {
+			t.Errorf("%s: the switchover is marked on %s strips, want both", width, got)
+		}
+		for i, id := range tr.Failovers {
+			got := eval("a failover's bar", fmt.Sprintf(`(() => { const g = document.querySelector('#failovers g.fo[data-id="%s"]');
+				if (!g) return 'none';
+				const w = [...g.querySelectorAll('rect.part')].reduce((s, r) => s + r.width.baseVal.value, 0);
+				return g.dataset.ms + ' ' + g.querySelector('text.value').textContent + ' ' + (w > 0 ? 'drawn' : 'empty'); })()`, id))
+			if want := fmt.Sprintf("%d %d ms drawn", tr.TotalMS[i], tr.TotalMS[i]); got != want {
+				t.Errorf("%s: failover %s: %q, want %q", width, id, got, want)
+			}
+		}
+		got := eval("n1's channels", `(() => { const c = document.querySelector('.node-card[data-node="n1"]');
+			return c.dataset.channels + ' ' + c.querySelector('.now.channels').textContent; })()`)
+		if want := fmt.Sprintf("%d %d ch", tr.Channels, tr.Channels); got != want {
+			t.Errorf("%s: n1's card says %q, want %q", width, got, want)
+		}
+		if got := eval("the banner", `document.getElementById('holds').hidden ? '' : document.getElementById('holds').innerText`); !strings.Contains(got,
+			"LEADERS HELD on nats-pbx-b by alice (witness reboot)") {
+			t.Errorf("%s: the leaders hold's banner says %q", width, got)
+		}
+		if got := eval("no sideways scroll", `String(document.documentElement.scrollWidth <= window.innerWidth)`); got != "true" {
+			t.Errorf("%s: the page scrolls sideways (%s wide in a %s window)", width,
+				eval("width", `String(document.documentElement.scrollWidth)`), eval("window", `String(window.innerWidth)`))
+		}
+	}
+	check("1366x768")
+	run("a failover's explanation", chromedp.Click(chromedp.CSS(fmt.Sprintf(`#failovers g.fo[data-id="%s"] rect.hit`, tr.Failovers[1]))),
+		chromedp.WaitVisible(chromedp.CSS(`#explain li.link[data-type="health.transition"]`)))
+	if chain := eval("the chain", `document.getElementById('explain').innerText`); !strings.Contains(chain, "pbx FAILOVER n1->n2") ||
+		!strings.Contains(chain, "n1 ami[self] up->down") {
+		t.Errorf("the failover's chain:\n%s", chain)
+	}
+	// A click on the switchover's mark on the week's strip explains it.
+	run("a move's explanation", chromedp.Click(chromedp.CSS(fmt.Sprintf(`svg.strip[data-range="7d"] g.move[data-id="%s"] rect.hit`, tr.Switchover))),
+		chromedp.WaitVisible(chromedp.CSS(fmt.Sprintf(`#explain li.link[data-id="%s"]`, tr.Switchover))))
+	if chain := eval("the chain", `document.getElementById('explain').innerText`); !strings.Contains(chain, "pbx SWITCHOVER n2->n1") {
+		t.Errorf("the switchover's chain:\n%s", chain)
+	}
+	shot("statuspage-1366x768.png")
+
+	// A phone: 390 CSS pixels wide, touch.
+	run("a phone's width", chromedp.EmulateViewport(390, 844, chromedp.EmulateScale(2), chromedp.EmulatePortrait, chromedp.EmulateMobile, chromedp.EmulateTouch),
+		chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS(`svg.strip[data-range="7d"]`)))
+	waitDrawn("at 390 wide")
+	check("390x844")
+	if w := eval("the strip's width", `String(document.querySelector('svg.strip').getBoundingClientRect().right <= window.innerWidth)`); w != "true" {
+		t.Errorf("the strip is wider than the phone's screen")
+	}
+	shot("statuspage-phone.png")
 }

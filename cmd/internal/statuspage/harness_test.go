@@ -17,6 +17,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/logtest"
+	"github.com/nats-io/nats-server/v2/server"
 )
 
 const testToken = "k3J9-a-test-token-of-some-length_0123456789"
@@ -29,6 +30,10 @@ type page struct {
 	arb    *bus.Bus
 	probes map[string]*bus.Bus
 	logs   *logtest.Buffer
+	// srv is the bus's server; repl the replicators' connections made on
+	// demand (summarise).
+	srv  *server.Server
+	repl map[string]*bus.Bus
 }
 
 // startPage starts a bus, writes the token file and serves the page with
@@ -37,7 +42,7 @@ func startPage(t *testing.T, cfg statuspage.Config) *page {
 	t.Helper()
 	s := bustest.Server(t)
 	p := &page{t: t, arb: bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "arbiter", Node: "ctl"}),
-		probes: map[string]*bus.Bus{}}
+		probes: map[string]*bus.Bus{}, srv: s}
 	for _, n := range []string{"n1", "n2"} {
 		p.probes[n] = bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "prober", Node: n})
 	}

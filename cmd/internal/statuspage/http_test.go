@@ -34,7 +34,7 @@ func TestLoginIsRequired(t *testing.T) {
 		"forwarded from lo": {"X-Forwarded-For": "127.0.0.1", "X-Forwarded-User": "admin", "X-Real-IP": "127.0.0.1"},
 		"forged cookie":     {"Cookie": "fan_session=" + strings.Repeat("a", 64)},
 	} {
-		for _, rel := range []string{"api/status", "api/events", "api/explain?id=x"} {
+		for _, rel := range []string{"api/status", "api/events", "api/explain?id=x", "api/history"} {
 			resp := p.get(rel, h)
 			if resp.StatusCode != http.StatusUnauthorized {
 				t.Errorf("%s, %s: %s, want 401", name, rel, resp.Status)

@@ -36,7 +36,7 @@ func eventView(env events.Envelope, p events.Payload) EventView {
 	switch d := p.(type) {
 	case *events.ArbiterDecision:
 		v.Decision, v.NeedsHuman = true, d.NeedsHuman
-	case *events.PlannedMove:
+	case *events.PlannedMove, *events.GroupPin, *events.LeadersHold:
 		v.Decision = true
 	}
 	return v
@@ -50,6 +50,8 @@ type Snapshot struct {
 	Groups []GroupView           `json:"groups"`
 	Notes  []string              `json:"notes"`
 	Plans  []events.SchedulePlan `json:"plans"`
+	// Holds are the operators' leaders holds in force (fanctl leaders hold).
+	Holds []events.LeadersHoldRecord `json:"holds"`
 	// TimelineMax is how many events the timeline keeps.
 	TimelineMax int `json:"timeline_max"`
 	// Error says why the status could not be read (the bus is away).
@@ -70,6 +72,12 @@ type NodeView struct {
 	events.NodeStatus
 	LastHeard time.Time   `json:"last_heard,omitzero"`
 	Checks    []CheckView `json:"checks"`
+	// Calls is the holder's latest calls summary of the group (what it has
+	// up, what a move would carry across, the settings that keep calls
+	// from surviving), with CallsAt when the bus stored it; absent for
+	// the other nodes, and when the holder's replicator records no calls.
+	Calls   *events.CallsSummary `json:"calls,omitempty"`
+	CallsAt time.Time            `json:"calls_at,omitzero"`
 }
 
 // CheckView is one check's state as the latest heartbeat of the prober
@@ -86,9 +94,11 @@ type CheckView struct {
 // buildSnapshot composes the snapshot from the status records and plans
 // the hub holds and the live stream's latest heartbeats, with what
 // fanctl status computes (view).
-func buildSnapshot(ctx context.Context, b *bus.Bus, records []view.Keyed[events.GroupStatus], plans []events.SchedulePlan, now time.Time) Snapshot {
+func buildSnapshot(ctx context.Context, b *bus.Bus, records []view.Keyed[events.GroupStatus], plans []events.SchedulePlan,
+	holds []view.Keyed[events.LeadersHoldRecord], now time.Time) Snapshot {
 	beats := view.Heartbeats(ctx, b, records)
 	heard := view.LastHeard(records, beats)
+	calls := view.CallsSummaries(ctx, b, records)
 	snap := Snapshot{Now: now, Groups: []GroupView{}, Plans: plans}
 	groups := make([]events.GroupStatus, 0, len(records))
 	for _, r := range records {
@@ -98,6 +108,9 @@ func buildSnapshot(ctx context.Context, b *bus.Bus, records []view.Keyed[events.
 		gv := GroupView{Cluster: cluster, Status: g}
 		for _, n := range view.NodesByPriority(g) {
 			nv := NodeView{Name: n, NodeStatus: g.Nodes[n], LastHeard: view.Seen(g, heard, n), Checks: []CheckView{}}
+			if h, ok := calls[view.HeardKey(cluster, n)]; ok && n == g.Holder && h.Summary.Group == g.Group {
+				nv.Calls, nv.CallsAt = h.Summary, h.At
+			}
 			for _, prober := range view.NodesByPriority(g) {
 				h, ok := beats[view.HeardKey(cluster, prober)]
 				if !ok {
@@ -121,7 +134,15 @@ func buildSnapshot(ctx context.Context, b *bus.Bus, records []view.Keyed[events.
 		}
 		snap.Groups = append(snap.Groups, gv)
 	}
-	snap.Notes = view.Notes(groups, heard, now)
+	snap.Notes = append(view.Notes(groups, heard, now), view.CallNotes(records, calls, now)...)
+	snap.Notes = append(snap.Notes, view.HoldNotes(holds, now)...)
+	snap.Holds = []events.LeadersHoldRecord{}
+	for _, h := range holds {
+		if h.Value.InForce(now) {
+			snap.Holds = append(snap.Holds, h.Value)
+		}
+	}
+	sort.Strings(snap.Notes)
 	if snap.Notes == nil {
 		snap.Notes = []string{}
 	}
@@ -158,18 +179,23 @@ type hub struct {
 
 	refresh chan struct{}
 
+	// hist is what the page's charts draw (history.go).
+	hist *history
+
 	mu      sync.Mutex
 	ring    []message // the timeline, oldest first, at most cfg.TimelineMax
 	status  map[string]events.GroupStatus
 	plans   map[string]events.SchedulePlan
+	holds   map[string]events.LeadersHoldRecord
 	snap    *message
 	clients map[*client]struct{}
 	stopped bool
 }
 
 func newHub(b *bus.Bus, cluster string, cfg Config, log *slog.Logger) *hub {
-	return &hub{b: b, cluster: cluster, cfg: cfg, log: log, refresh: make(chan struct{}, 1),
-		status: map[string]events.GroupStatus{}, plans: map[string]events.SchedulePlan{}, clients: map[*client]struct{}{}}
+	return &hub{b: b, cluster: cluster, cfg: cfg, log: log, refresh: make(chan struct{}, 1), hist: newHistory(),
+		status: map[string]events.GroupStatus{}, plans: map[string]events.SchedulePlan{}, holds: map[string]events.LeadersHoldRecord{},
+		clients: map[*client]struct{}{}}
 }
 
 // auditSubjects are the timeline's subjects: the audit stream's events
@@ -181,10 +207,47 @@ func auditSubjects(cluster string) []string {
 	return []string{events.ClusterEvents(cluster), events.ClusterCommands(cluster)}
 }
 
+// historySubjects are what the charts read from the audit stream: the
+// decisions, the executors' results, the health transitions and the pins.
+func historySubjects(cluster string) []string {
+	c := cluster
+	if c == "" {
+		c = "*"
+	}
+	return []string{events.DecisionSubject(c, "*"), events.AllCommandResults(c), events.AllHealth(c), events.PinSubject(c, "*")}
+}
+
+// holdKeys is the state-bucket key of the leaders hold of the page's
+// cluster (of every cluster when it shows them all).
+func holdKeys(cluster string) string {
+	if cluster == "" {
+		return events.LeadersHoldKey("*")
+	}
+	return events.LeadersHoldKey(cluster)
+}
+
 // run follows the bus until ctx ends, then drops every client.
 func (h *hub) run(ctx context.Context) {
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(5)
+	go func() {
+		defer wg.Done()
+		opts := bus.WatchOptions{Subjects: historySubjects(h.cluster), Since: time.Now().Add(-historySpan)}
+		if err := h.b.Watch(ctx, opts, h.hist.onAudit); err != nil && ctx.Err() == nil {
+			h.log.Error("status page: the history stopped", "err", err)
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		c := h.cluster
+		if c == "" {
+			c = "*"
+		}
+		opts := bus.WatchOptions{Subjects: []string{events.AllHeartbeats(c)}, Since: time.Now().Add(-seriesSpan)}
+		if err := h.b.Watch(ctx, opts, h.hist.onLive); err != nil && ctx.Err() == nil {
+			h.log.Error("status page: the nodes' charts stopped", "err", err)
+		}
+	}()
 	go func() {
 		defer wg.Done()
 		opts := bus.WatchOptions{Subjects: auditSubjects(h.cluster), Since: time.Now().Add(-h.cfg.Timeline.D())}
@@ -194,7 +257,7 @@ func (h *hub) run(ctx context.Context) {
 	}()
 	go func() {
 		defer wg.Done()
-		keys := []string{view.StatusFilter(h.cluster), view.ScheduleFilter(h.cluster)}
+		keys := []string{view.StatusFilter(h.cluster), view.ScheduleFilter(h.cluster), holdKeys(h.cluster)}
 		if err := h.b.WatchKV(ctx, keys, h.onKey); err != nil && ctx.Err() == nil {
 			h.log.Error("status page: the status stopped", "err", err)
 		}
@@ -250,6 +313,13 @@ func (h *hub) onKey(key string, value []byte, deleted bool, _ uint64) {
 		} else {
 			h.status[key] = g
 		}
+	case strings.HasPrefix(key, "arbiter."):
+		var r events.LeadersHoldRecord
+		if deleted || json.Unmarshal(value, &r) != nil {
+			delete(h.holds, key)
+		} else {
+			h.holds[key] = r
+		}
 	default:
 		var p events.SchedulePlan
 		if deleted || json.Unmarshal(value, &p) != nil {
@@ -298,11 +368,16 @@ func (h *hub) publishSnapshot(ctx context.Context) []byte {
 	for _, k := range pkeys {
 		plans = append(plans, h.plans[k])
 	}
+	holds := make([]view.Keyed[events.LeadersHoldRecord], 0, len(h.holds))
+	for k, r := range h.holds {
+		holds = append(holds, view.Keyed[events.LeadersHoldRecord]{Key: k, Value: r})
+	}
+	sort.Slice(holds, func(i, j int) bool { return holds[i].Key < holds[j].Key })
 	h.mu.Unlock()
 
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	snap := buildSnapshot(rctx, h.b, records, plans, time.Now())
+	snap := buildSnapshot(rctx, h.b, records, plans, holds, time.Now())
 	snap.TimelineMax = h.cfg.TimelineMax
 	if len(records) == 0 {
 		snap.Error = "no group status yet (is an arbiter leading?)"

@@ -150,7 +150,7 @@ func (s *Server) handler() http.Handler {
 			return
 		}
 		switch rel {
-		case "", "app.js", "style.css":
+		case "", "app.js", "charts.js", "style.css":
 			s.static(w, r, rel)
 		case "api/login":
 			w.Header().Set("Cache-Control", "no-store")
@@ -158,7 +158,7 @@ func (s *Server) handler() http.Handler {
 		case "api/logout":
 			w.Header().Set("Cache-Control", "no-store")
 			s.logout(w, r)
-		case "api/status", "api/events", "api/explain":
+		case "api/status", "api/events", "api/explain", "api/history":
 			w.Header().Set("Cache-Control", "no-store")
 			if !s.auth.admitted(r) {
 				w.Header().Set("WWW-Authenticate", `Bearer realm="fan"`)
@@ -173,6 +173,8 @@ func (s *Server) handler() http.Handler {
 				s.status(w, r)
 			case "api/events":
 				s.events(w, r)
+			case "api/history":
+				s.history(w, r)
 			default:
 				s.explainEvent(w, r)
 			}
@@ -278,6 +280,17 @@ func (s *Server) logout(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
+// history is what the charts draw: each group's holders, moves, pins and
+// failover times over the last week, each node's last hour.
+func (s *Server) history(w http.ResponseWriter, _ *http.Request) {
+	b, err := json.Marshal(s.hub.hist.view(time.Now()))
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "the history does not encode")
+		return
+	}
+	writeJSON(w, http.StatusOK, b)
+}
+
 func (s *Server) status(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), statusTimeout)
 	defer cancel()
@@ -292,6 +305,11 @@ type LinkView struct {
 	Repeat  bool              `json:"repeat,omitempty"`
 	Event   *EventView        `json:"event,omitempty"`
 	Probes  []events.Evidence `json:"probes,omitempty"`
+	// Consequence marks what followed the move explained (its claim's
+	// result, the adoption of the calls); Calls, on the move, what became
+	// of the calls on the holder it left (view.CallsOutcome, as a line).
+	Consequence bool   `json:"consequence,omitempty"`
+	Calls       string `json:"calls,omitempty"`
 }
 
 func (s *Server) explainEvent(w http.ResponseWriter, r *http.Request) {
@@ -321,7 +339,10 @@ func (s *Server) explainEvent(w http.ResponseWriter, r *http.Request) {
 	}
 	links := make([]LinkView, 0, len(chain))
 	for _, l := range chain {
-		lv := LinkView{Depth: l.Depth, ID: l.ID, Missing: l.Event == nil, Repeat: l.Repeat}
+		lv := LinkView{Depth: l.Depth, ID: l.ID, Missing: l.Event == nil, Repeat: l.Repeat, Consequence: l.Consequence}
+		if l.Calls != nil {
+			lv.Calls = l.Calls.String()
+		}
 		if l.Event != nil {
 			ev := eventView(*l.Event, l.Payload())
 			lv.Event = &ev

@@ -62,7 +62,14 @@ type Link struct {
 	ID     string           `json:"id"`
 	Event  *events.Envelope `json:"event,omitempty"`
 	Repeat bool             `json:"repeat,omitempty"`
-	p      events.Payload
+	// Consequence marks an event that followed the move explained rather
+	// than caused it: its claim's result and the adoption of the calls,
+	// listed after the causes.
+	Consequence bool `json:"consequence,omitempty"`
+	// Calls, on the first move decision of the chain, is what became of
+	// the calls on the holder it left.
+	Calls *CallsOutcome `json:"calls,omitempty"`
+	p     events.Payload
 }
 
 // Payload is the link's decoded event; nil when the cause is not in the
@@ -88,10 +95,18 @@ func Explain(ctx context.Context, b *bus.Bus, cluster, id string, lookback time.
 // keeps it (bus.limits.live_max_age); the decisions that cite a heartbeat
 // also cite the transition it reported, which the audit stream keeps, so
 // the chain reaches the transition and its probe evidence either way.
+//
+// The first decision of the chain that moves a group also gets what
+// followed it (Consequence links, after the causes): its claim's result
+// and, when that deferred the adoption of the calls, the calls.adopted
+// event citing the claim, looked for in the trail after the decision up to
+// OutcomeWithin; and what became of the calls (Link.Calls).
 func Chain(trail []Entry, id string) ([]Link, error) {
 	byID := make(map[string]Entry, len(trail))
-	for _, e := range trail {
+	index := make(map[string]int, len(trail))
+	for i, e := range trail {
 		byID[e.Env.ID] = e
+		index[e.Env.ID] = i
 	}
 	if _, ok := byID[id]; !ok {
 		return nil, fmt.Errorf("%w: event %s is not in the trail (wrong cluster, or older than the stream keeps)", ErrNotInTrail, id)
@@ -117,6 +132,19 @@ func Chain(trail []Entry, id string) ([]Link, error) {
 		}
 	}
 	walk(id, 0)
+	for i, l := range chain {
+		d, ok := l.p.(*events.ArbiterDecision)
+		if !ok || l.Repeat || d.Action == events.ActionHold || d.To == "" {
+			continue
+		}
+		after, o := outcome(trail, index[l.ID], d)
+		chain[i].Calls = o
+		for _, e := range after {
+			env := e.Env
+			chain = append(chain, Link{Depth: 1, ID: env.ID, Event: &env, Repeat: seen[env.ID], Consequence: true, p: e.P})
+		}
+		break
+	}
 	return chain, nil
 }
 
@@ -132,6 +160,8 @@ func Causes(env events.Envelope, p events.Payload) []string {
 		causes = v.CausedBy
 	case *events.PlannedMove:
 		causes = v.CausedBy
+	case interface{ Causes() []string }: // pins, leaders holds
+		causes = v.Causes()
 	}
 	if len(causes) == 0 && env.CausationID != "" {
 		causes = []string{env.CausationID}

@@ -192,6 +192,9 @@ func Notes(groups []events.GroupStatus, heard map[string]time.Time, now time.Tim
 		if p := g.Planned; p != nil {
 			notes = append(notes, plannedNote(g.Group, p, now))
 		}
+		if p := g.Pin; p != nil {
+			notes = append(notes, PinNote(g.Group, p, now))
+		}
 	}
 	sort.Strings(notes)
 	return notes
@@ -208,15 +211,20 @@ func plannedNote(group string, p *events.PlannedStatus, now time.Time) string {
 		return fmt.Sprintf("%s: PLANNED %s asked by %s at %s GAVE UP at %s: %s keeps the group", group, what, p.Operator,
 			Time(p.RequestedAt), Time(p.Deadline), p.From)
 	}
-	count := "unknown"
+	count := "unknown active channels now"
 	if p.Channels != nil {
-		count = fmt.Sprint(*p.Channels)
+		count = fmt.Sprintf("%d active channels now", *p.Channels)
+	}
+	// With the holder's calls summary, the wait is only for the channels
+	// of calls that cannot be carried across.
+	if c := p.Calls; c != nil && c.CarriedChannels > 0 {
+		count += fmt.Sprintf(", %d of them in %s carried across: %d waited for", c.CarriedChannels, plural(c.Carriable, "call"), c.Uncarried())
 	}
 	then := "then gives up"
 	if p.Drain == events.DrainForceAfter {
 		then = "then moves anyway"
 	}
-	return fmt.Sprintf("%s: PLANNED %s asked by %s at %s (%s ago), waiting for %s to drain: %s active channels now (limit %d); deadline %s (in %s), %s",
+	return fmt.Sprintf("%s: PLANNED %s asked by %s at %s (%s ago), waiting for %s to drain: %s (limit %d); deadline %s (in %s), %s",
 		group, what, p.Operator, Time(p.RequestedAt), HumanDuration(now.Sub(p.RequestedAt)), p.From, count, p.MaxChannels,
 		Time(p.Deadline), HumanDuration(p.Deadline.Sub(now)), then)
 }

@@ -8,6 +8,8 @@ package view
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -54,6 +56,17 @@ func Summary(p events.Payload) string {
 		for _, st := range v.Steps {
 			s += fmt.Sprintf(" %s=%.1fms", st.Name, st.ElapsedMS)
 		}
+		if v.Calls != nil {
+			s += " calls: " + CallsAdoption(*v.Calls)
+		}
+		return s
+	case *events.CallsSummary:
+		return CallsSummary(v)
+	case *events.CallsAdopted:
+		s := fmt.Sprintf("%s on %s: %s", v.Group, v.Node, CallsAdoption(v.Calls))
+		if v.CommandID != "" {
+			s += " (claim " + v.CommandID + ")"
+		}
 		return s
 	case *events.FailbackPermit:
 		return fmt.Sprintf("%s window %s until %s", v.Group, v.Window, v.ValidUntil.Format(time.RFC3339))
@@ -67,6 +80,10 @@ func Summary(p events.Payload) string {
 		return fmt.Sprintf("a new term begins from the state it restored (%d bytes)", len(v.State))
 	case *events.PlannedMove:
 		return fmt.Sprintf("%s %s: %s", v.Group, strings.ToUpper(string(v.Stage)), v.Reason)
+	case *events.GroupPin:
+		return PinSummary(v)
+	case *events.LeadersHold:
+		return HoldSummary(v)
 	case *events.NodePresence:
 		s := fmt.Sprintf("%s %s", v.Node, strings.ToUpper(string(v.Presence)))
 		if v.SilentMS > 0 {
@@ -75,6 +92,36 @@ func Summary(p events.Payload) string {
 		return s
 	}
 	return ""
+}
+
+// CallsAdoption renders what a node did with a group's calls when it took
+// the group: "adopted 2 from n1, not adopted: anchored 1", "deferred".
+func CallsAdoption(a events.CallsAdoption) string {
+	switch {
+	case a.Deferred:
+		return "deferred (reported apart)"
+	case a.Error != "":
+		return "none adopted (" + a.Error + ")"
+	}
+	s := fmt.Sprintf("adopted %d", a.Adopted)
+	if len(a.From) > 0 {
+		s += " from " + strings.Join(a.From, ",")
+	}
+	if len(a.NotAdopted) > 0 {
+		var parts []string
+		for _, r := range events.NotAdoptedReasons() {
+			if n := a.NotAdopted[r]; n > 0 {
+				parts = append(parts, fmt.Sprintf("%s %d", r, n))
+			}
+		}
+		for _, r := range slices.Sorted(maps.Keys(a.NotAdopted)) {
+			if !slices.Contains(events.NotAdoptedReasons(), r) && a.NotAdopted[r] > 0 {
+				parts = append(parts, fmt.Sprintf("%s %d", r, a.NotAdopted[r]))
+			}
+		}
+		s += ", not adopted: " + strings.Join(parts, ", ")
+	}
+	return s
 }
 
 // DescribeAction renders an operator action: what was asked, by whom, why,
@@ -94,6 +141,15 @@ func DescribeAction(a *events.OperatorAction) string {
 			verb += fmt.Sprintf(" within %v", time.Duration(a.WithinMS)*time.Millisecond)
 		}
 		verb += ")"
+	}
+	switch {
+	case a.ForMS != 0:
+		verb += fmt.Sprintf(" (for %v)", time.Duration(a.ForMS)*time.Millisecond)
+	case !a.Until.IsZero():
+		verb += " (until " + a.Until.UTC().Format(time.RFC3339) + ")"
+	}
+	if a.Server != "" {
+		verb += " (on " + a.Server + ")"
 	}
 	s := fmt.Sprintf("%s %s by %s", verb, target, a.Operator)
 	if a.Reason != "" {

@@ -25,6 +25,15 @@
 //	hog system=fan budget=<keepalived|fan-defaults> duration_s=<s> hog_cores=<n> false_failovers=<n> peer_down=<n> self_down=<n> silent_holds=<n> beacon_gaps_over_limit=<n> max_beacon_gap_ms=<ms>
 //	hog system=keepalived advert_ms=<ms> duration_s=<s> hog_cores=<n> false_failovers=<n>
 //
+// With -scenarios calls it measures calls in progress when the holder's PBX
+// is killed (kill -9): -calls-direct calls with direct media and
+// -calls-anchored with their audio through the PBX, between phones on the
+// lab's phone hosts, kept -calls-hold after the failover, then hung up by
+// their callers, on fan's stand-in PBX (or a real Asterisk 22 with
+// -asterisk), fan and keepalived each moving the same address:
+//
+//	calls system=<fan|keepalived> pbx=<standin|asterisk> cycles=<n> direct=<n> anchored=<n> hold_s=<s> calls_up=<n>/<n> calls_survived=<n>/<n> longest_audio_gap_ms=<ms> phones_send_stall_ms=<ms> hangups_propagated=<n>/<n> hangups_propagated_p99_ms=<ms|inf> orphaned_legs=<n> anchored_lost=<n> failover_p50_ms=<ms>
+//
 // `fan-bench sip-ping ADDR` is the SIP check keepalived's vrrp_script runs;
 // `fan-bench hog` is one busy loop.
 package main
@@ -38,6 +47,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -110,6 +120,10 @@ func run() error {
 	trailFailovers := flag.Int("trail-failovers", 3, "with -trail: pbx-death failovers after the window, to measure the audit stream's growth per failover")
 	placement := flag.Bool("leader-placement", true, "three-server topologies: write the arbiters' bus.leader_servers (the witness's server; all three in dedicated) and bus.system, and standby: true on the PBX hosts' arbiters (colocated): fan keeps the raft leaders and the lease off the PBX hosts; =false leaves them where they fall")
 	hogFor := flag.Duration("hog", 0, "instead of failover times: run each of -systems this long with no fault while a busy loop runs on every core, and count the failovers (false ones: nothing failed)")
+	callsDirect := flag.Int("calls-direct", 10, "scenario calls: calls with direct media")
+	callsAnchored := flag.Int("calls-anchored", 2, "scenario calls: calls with their audio through the PBX (direct_media = no)")
+	callsHold := flag.Duration("calls-hold", 10*time.Second, "scenario calls: how long the calls stay up after the failover before their callers hang up")
+	asterisk := flag.String("asterisk", os.Getenv("FAN_ASTERISK"), "scenario calls: an Asterisk 22 install (its sbin/asterisk) to run as the PBXs instead of fan-pbxstandin (FAN_ASTERISK)")
 	flag.Parse()
 	topo, err := stack.ParseTopology(*topoFlag)
 	if err != nil {
@@ -158,6 +172,26 @@ func run() error {
 	for _, s := range strings.Split(*only, ",") {
 		scenarios = append(scenarios, bench.Scenario(strings.TrimSpace(s)))
 	}
+	var callsLines []string
+	if i := slices.Index(scenarios, bench.Calls); i >= 0 {
+		scenarios = slices.Delete(scenarios, i, i+1)
+		cc := callsRun{cfg: bench.CallsConfig{Direct: *callsDirect, Anchored: *callsAnchored, Hold: *callsHold}, pbx: stack.PBXStandIn, asterisk: *asterisk}
+		if *asterisk != "" {
+			cc.pbx = stack.PBXAsterisk
+		}
+		for _, system := range strings.Split(*systems, ",") {
+			line, err := calls(ctx, log, rc, cc, system, absBin, *cycles, *advert, *fall, *verbose, *defaults)
+			if err != nil {
+				return fmt.Errorf("%s calls: %w", system, err)
+			}
+			callsLines = append(callsLines, line)
+		}
+	}
+	defer func() {
+		for _, l := range callsLines {
+			fmt.Println(l)
+		}
+	}()
 	for _, system := range strings.Split(*systems, ",") {
 		results[system] = map[bench.Scenario][]bench.Cycle{}
 		for _, sc := range scenarios {
@@ -378,6 +412,78 @@ func startFan(ctx context.Context, l *netlab.Lab, opts stack.Options) (*bench.Fa
 		return nil, err
 	}
 	return &bench.Fan{St: st}, nil
+}
+
+// callsRun is what the flags say about the calls scenario.
+type callsRun struct {
+	cfg      bench.CallsConfig
+	pbx      stack.PBX
+	asterisk string
+}
+
+// calls runs the calls scenario on one system, in a lab of its own with
+// the phones' hosts, and returns its line.
+func calls(ctx context.Context, log *slog.Logger, rc runConfig, cc callsRun, system, bin string, cycles int, advert float64, fall int, verbose, defaults bool) (string, error) {
+	eps, err := bench.CallEndpoints(cc.cfg.Direct, cc.cfg.Anchored)
+	if err != nil {
+		return "", err
+	}
+	l, err := netlab.Build(ctx, rc.topo.LabSpec(netlab.Spec{Logger: log, Clients: netlab.PhoneHosts()}))
+	if err != nil {
+		return "", err
+	}
+	defer func() {
+		if rc.keep != "" {
+			if err := l.CopyTo(filepath.Join(rc.keep, system+"-calls")); err != nil {
+				log.Warn("keep logs", "err", err)
+			}
+		}
+		l.Close()
+	}()
+	var sys bench.System
+	switch system {
+	case "fan":
+		opts := fanOptions(bin, log, advert, fall)
+		if defaults {
+			opts = stack.Options{BinDir: bin, Log: log, MaxMovesPerHour: -1}
+		}
+		opts.Topology, opts.LeaderPlacement, opts.StandbyArbiters = rc.topo, rc.placement, rc.placement
+		opts.PBX, opts.Asterisk, opts.Endpoints = cc.pbx, cc.asterisk, eps
+		f, err := startFan(ctx, l, opts)
+		if err != nil {
+			return "", err
+		}
+		defer f.Close()
+		sys = f
+	case "keepalived":
+		pbx := stack.PBXConfig{Kind: cc.pbx, BinDir: bin, Asterisk: cc.asterisk, Endpoints: eps, Dir: filepath.Join(l.Dir(), "pbx")}
+		k := &bench.Keepalived{Lab: l, BinDir: bin, AdvertInt: advert, ScriptInterval: 1, Fall: fall,
+			PBX: func(ctx context.Context, node string) (*netlab.Proc, error) { return stack.StartPBX(ctx, l, node, pbx) }}
+		defer k.Close()
+		if err := k.Start(ctx); err != nil {
+			return "", err
+		}
+		sys = k
+	default:
+		return "", fmt.Errorf("unknown system %q", system)
+	}
+	pairs, err := bench.CallPhones(l, eps)
+	if err != nil {
+		return "", err
+	}
+	defer bench.ClosePhones(pairs)
+	cs, err := bench.RunCalls(ctx, sys, l, pairs, cc.cfg, cycles, func(c bench.CallsCycle) {
+		if verbose {
+			fmt.Fprintln(os.Stderr, bench.CallsCycleLine(system, c))
+		}
+	})
+	if err != nil {
+		if lg, ok := sys.(interface{ Logs() string }); ok && verbose {
+			fmt.Fprintln(os.Stderr, lg.Logs())
+		}
+		return "", err
+	}
+	return bench.CallsLine(system, cc.pbx, cc.cfg, cs), nil
 }
 
 // runConfig is what the flags say about fan's topology.

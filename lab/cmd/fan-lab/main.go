@@ -2,7 +2,9 @@
 // binaries as the end-to-end test (two PBX nodes with Kamailio answering on
 // a floating IP, a client, NATS and the arbiter on a control host), then
 // kills the primary's PBX and prints the failover as a timeline: what the
-// client saw on the floating IP, and every event on the bus.
+// client saw on the floating IP, and every event on the bus. -scenario
+// sites and -scenario pool run the other two ways fan moves a service, as
+// their end-to-end tests do (sites.go, pool.go).
 package main
 
 import (
@@ -46,6 +48,7 @@ func run() error {
 	keep := flag.Bool("keep", false, "keep the lab running after the failover until Ctrl-C")
 	insecure := flag.Bool("insecure", false, "run the bus without TLS and identities (insecure_lab), as before fan had them; the dedicated topology always does")
 	topoFlag := flag.String("topology", "single", "where NATS and the arbiter run: single (one server on ctl), colocated (a server and an arbiter on n1, n2 and the witness ctl), dedicated (three NATS hosts s1-s3)")
+	scenario := flag.String("scenario", "failover", "failover (the floating IP), sites (a DNS name between two sites, one of them dark: sites.go) or pool (a Kamailio dispatcher over PBX nodes that post heartbeats: pool.go)")
 	flag.Parse()
 	topo, err := stack.ParseTopology(*topoFlag)
 	if err != nil {
@@ -61,6 +64,15 @@ func run() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	switch *scenario {
+	case "failover":
+	case "sites":
+		return runSites(ctx, absBin, *keep, log)
+	case "pool":
+		return runPool(ctx, absBin, *keep, log)
+	default:
+		return fmt.Errorf("-scenario %q: want failover, sites or pool", *scenario)
+	}
 
 	tl := &timeline{start: time.Now(), w: os.Stdout}
 	tl.say("building the lab: bridge, nodes n1 and n2, client c, control host ctl (198.51.100.0/24)")

@@ -1,6 +1,8 @@
 // Command fan-pbxstandin is the compose lab's STAND-IN for an Asterisk node
 // (package pbxstandin): the AMI peer plus a SIP responder that answers
-// OPTIONS and REGISTER. It is not a PBX. Flags default to environment
+// OPTIONS and REGISTER, and with -registrar a registrar and a
+// back-to-back user agent that connects calls between registered phones
+// as Asterisk 22 does. It is not a PBX. Flags default to environment
 // variables so a container needs no command line, which lets the lab swap
 // in a real Asterisk image without touching anything else.
 //
@@ -76,9 +78,10 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	amiUser := fs.String("ami-user", env("FAN_PBX_AMI_USER", "fan"), "AMI username (FAN_PBX_AMI_USER)")
 	amiSecret := fs.String("ami-secret", env("FAN_PBX_AMI_SECRET", ""), "AMI secret (FAN_PBX_AMI_SECRET, required)")
 	control := fs.String("control", env("FAN_PBX_CONTROL", defaultControl), "control socket (FAN_PBX_CONTROL)")
-	registrar := fs.Bool("registrar", env("FAN_PBX_REGISTRAR", "") != "", "answer REGISTER as Asterisk 22's registrar does, in the AMI peer's AstDB, and let Originate reach the contacts (FAN_PBX_REGISTRAR); the record of AMI actions is then kept 10 s")
+	registrar := fs.Bool("registrar", env("FAN_PBX_REGISTRAR", "") != "", "answer REGISTER as Asterisk 22's registrar does, in the AMI peer's AstDB, connect calls between registered phones as Asterisk's Dial does, and let Originate reach the contacts (FAN_PBX_REGISTRAR); the record of AMI actions is then kept 10 s")
 	statusOnUpdate := fs.Bool("contact-status-on-update", true, "with -registrar: pjsip.conf's send_contact_status_on_update_registration (fan requires yes)")
 	systemName := fs.String("system-name", env("FAN_PBX_SYSTEM_NAME", ""), "asterisk.conf's systemname, in contacts and events; default the node name (FAN_PBX_SYSTEM_NAME)")
+	directMedia := fs.Bool("direct-media", env("FAN_PBX_DIRECT_MEDIA", "yes") != "no", "with -registrar: direct_media of the endpoints pjsip.conf does not list (FAN_PBX_DIRECT_MEDIA=no for anchored calls)")
 	etcDir := fs.String("etc", env("FAN_PBX_ETC", ""), "an Asterisk configuration directory (FAN_PBX_ETC): the AMI listener and users from manager.conf, the systemname from asterisk.conf, the UDP transports to answer SIP on and the endpoints from pjsip.conf, in place of the flags that say the same")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -101,7 +104,7 @@ func serve(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, nil)).With("service", "fan-pbxstandin", "node", *node)
 	cfg := pbxstandin.Config{
-		Node: *node, SIP: strings.Split(*sip, ","), Logger: log,
+		Node: *node, SIP: strings.Split(*sip, ","), Logger: log, NoDirectMedia: !*directMedia,
 		AMI: amipeer.Config{Addr: *amiListen, Username: *amiUser, Secret: *amiSecret, SystemName: *systemName},
 	}
 	if *registrar {

@@ -229,7 +229,7 @@ func TestConfigValidation(t *testing.T) {
 	}
 	var d bus.Config
 	d.Defaults()
-	if d.Limits.TotalMiB() != bus.DefaultEventsMiB+bus.DefaultLiveMiB+bus.DefaultCommandsMiB+bus.DefaultStateMiB || d.Limits.LiveMaxAge.D() != bus.DefaultLiveMaxAge {
+	if d.Limits.TotalMiB() != bus.DefaultEventsMiB+bus.DefaultLiveMiB+bus.DefaultCommandsMiB+bus.DefaultStateMiB+bus.DefaultCallsMiB || d.Limits.LiveMaxAge.D() != bus.DefaultLiveMaxAge {
 		t.Errorf("default limits %+v", d.Limits)
 	}
 }

@@ -20,9 +20,16 @@ const (
 	LiveStream     = events.LiveStream
 	CommandsStream = events.CommandsStream
 	StateBucket    = events.StateBucket
+	CallsBucket    = events.CallsBucket
 )
 
-// Streams lists every stream fan provisions, the state bucket's and the
+// CallsMaxAge is how long the bucket of calls keeps a record nobody wrote
+// again: a recorder rewrites each of its records well within it while the
+// call lasts, so only what a dead node left behind (and the markers of
+// ended calls) ages out.
+const CallsMaxAge = 24 * time.Hour
+
+// Streams lists every stream fan provisions, the buckets' and the
 // replicator's object stores included: the raft groups (with their durable
 // consumers) whose leaders the arbiter keeps on bus.leader_servers. A
 // stream added to Provision belongs in events.LedStreams.
@@ -115,6 +122,21 @@ func (b *Bus) stateConfig() jetstream.KeyValueConfig {
 	}
 }
 
+// callsConfig is the bucket of calls in progress (pkg/events calls.go):
+// one revision per key (a record is rewritten whole), a byte limit at
+// which the oldest go first, and a day's age.
+func (b *Bus) callsConfig() jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{
+		Bucket:      CallsBucket,
+		Description: "fan calls in progress: the records of each holder's calls, and of the calls a node keeps after a failover",
+		History:     1,
+		TTL:         CallsMaxAge,
+		MaxBytes:    b.cfg.Limits.CallsMiB * mib,
+		Storage:     jetstream.FileStorage,
+		Replicas:    b.cfg.Replicas,
+	}
+}
+
 // Provision creates fan's streams and buckets when they are missing. It never
 // changes an existing one: two services with slightly different settings
 // must not overwrite each other on every start. A difference is logged, and
@@ -131,17 +153,41 @@ func (b *Bus) Provision(ctx context.Context) error {
 		if err := b.ensureStream(ctx, b.liveConfig()); err != nil {
 			return err
 		}
-		if _, err := b.JS.KeyValue(ctx, StateBucket); errors.Is(err, jetstream.ErrBucketNotFound) {
-			if _, err := b.JS.CreateKeyValue(ctx, b.stateConfig()); err != nil && !errors.Is(err, jetstream.ErrBucketExists) {
-				return fmt.Errorf("create bucket %s: %w", StateBucket, err)
-			} else if err == nil {
-				return b.discardOld(ctx, events.KVStreamName(StateBucket))
-			}
-		} else if err != nil {
-			return fmt.Errorf("bucket %s: %w", StateBucket, err)
+		if err := b.ensureBucket(ctx, b.stateConfig()); err != nil {
+			return err
 		}
-		return nil
+		return b.ensureBucket(ctx, b.callsConfig())
 	})
+}
+
+// ensureBucket creates a bucket that is missing (discarding its oldest
+// revisions at its byte limit) and leaves one that exists as it is.
+func (b *Bus) ensureBucket(ctx context.Context, cfg jetstream.KeyValueConfig) error {
+	_, err := b.JS.KeyValue(ctx, cfg.Bucket)
+	if err == nil {
+		return nil
+	}
+	if !errors.Is(err, jetstream.ErrBucketNotFound) {
+		return fmt.Errorf("bucket %s: %w", cfg.Bucket, err)
+	}
+	if _, err := b.JS.CreateKeyValue(ctx, cfg); err != nil {
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			return nil
+		}
+		return fmt.Errorf("create bucket %s (on a bus with permissions, run fanctl provision as the admin): %w", cfg.Bucket, err)
+	}
+	return b.discardOld(ctx, events.KVStreamName(cfg.Bucket))
+}
+
+// CallsKV opens the bucket of calls in progress. A bus provisioned before
+// it existed lacks it (jetstream.ErrBucketNotFound) until the next
+// `fanctl provision`.
+func (b *Bus) CallsKV(ctx context.Context) (jetstream.KeyValue, error) {
+	kv, err := b.JS.KeyValue(ctx, CallsBucket)
+	if err != nil {
+		return nil, fmt.Errorf("bucket %s: %w", CallsBucket, err)
+	}
+	return kv, nil
 }
 
 // AwaitProvisioned waits until fan's streams and the state bucket exist,

@@ -89,9 +89,13 @@ function renderStatus(snap) {
     const s = g.status;
     const key = g.cluster + '/' + s.group;
     const permit = zero(s.permit_until) ? 'none' : 'until ' + fmtTime(s.permit_until);
+    // A pin shows beside the holder: who pinned the group there, until when.
+    const pin = s.pin ? el('span', { class: 'badge pinned', title: `pinned to ${s.pin.node} by ${s.pin.operator}` +
+      (s.pin.reason ? ` (${s.pin.reason})` : '') + ` since ${fmtTime(s.pin.since)}` },
+    'pinned ' + (zero(s.pin.until) ? 'until cleared' : 'until ' + fmtTime(s.pin.until))) : null;
     gRows.push(el('tr', { data: { group: key } },
       el('td', {}, g.cluster), el('td', {}, s.group), el('td', {}, (s.addresses || []).join(', ')),
-      el('td', { class: 'holder', data: { holder: s.holder || '' } }, s.holder || '(none)'),
+      el('td', { class: 'holder', data: { holder: s.holder || '' } }, s.holder || '(none)', pin ? ' ' : null, pin),
       el('td', { class: 'epoch' }, s.epoch), el('td', {}, fmtTime(s.since)),
       el('td', { class: 'permit' }, permit), el('td', {}, windowFor(snap.plans, g.cluster, s.group)),
       el('td', {}, ago(s.updated_at))));
@@ -109,13 +113,32 @@ function renderStatus(snap) {
         el('td', { class: 'health' }, health(n.health)), el('td', {}, fmtTime(n.health_since)),
         el('td', {}, ago(n.last_heard)),
         el('td', {}, (n.eligible ? 'yes' : 'no') + (flags.length ? ' (' + flags.join(', ') + ')' : '')),
-        el('td', {}, checks)));
+        el('td', {}, checks), el('td', { class: 'calls' }, callsCell(n))));
     }
   }
   gb.replaceChildren(...gRows);
   nb.replaceChildren(...nRows);
+  // The operators' leaders holds, where nobody can miss them.
+  const holds = snap.holds || [];
+  $('holds').hidden = !holds.length;
+  $('holds').replaceChildren(...holds.map((h) => el('p', { data: { operator: h.operator } },
+    `LEADERS HELD ${h.server ? 'on ' + h.server : 'where they are'} by ${h.operator}` + (h.reason ? ` (${h.reason})` : '') +
+    ` since ${fmtTime(h.since)} until ${fmtTime(h.until)} (${ago(h.until)}): the steward keeps no leader on its servers and a standby keeps the lease`)));
+  if (typeof onStatus === 'function') onStatus(snap);
   $('notes').replaceChildren(...(snap.notes.length ? snap.notes.map((n) => el('li', {}, n))
     : [el('li', {}, 'nothing waiting')]));
+}
+
+// callsCell says what the holder's calls summary counts: the calls up and
+// how many a move would carry across.
+function callsCell(n) {
+  const c = n.calls;
+  if (!c) return '';
+  const rest = [];
+  if (c.anchored) rest.push(`${c.anchored} anchored`);
+  if (c.incomplete) rest.push(`${c.incomplete} incomplete`);
+  if (c.unrecorded) rest.push(`${c.unrecorded} unrecorded`);
+  return `${c.calls} up, ${c.carriable} carriable` + (rest.length ? ', ' + rest.join(', ') : '') + ` (${ago(n.calls_at)})`;
 }
 
 function eventLine(ev) {
@@ -132,6 +155,8 @@ function addEvent(ev) {
   const li = el('li', { class: cls, data: { id: ev.id, type: ev.type }, title: 'id ' + ev.id },
     el('span', { class: 'time' }, fmtTime(ev.time) + ' '), eventLine(ev));
   li.addEventListener('click', () => explain(ev.id, li));
+  // A move changes the charts: read them again in a moment.
+  if (ev.decision && typeof scheduleHistory === 'function') scheduleHistory(800);
   const list = $('timeline');
   list.prepend(li);
   while (list.children.length > timelineMax) {
@@ -160,8 +185,17 @@ async function explain(id, li) {
   if (!resp.ok) { $('explain-hint').textContent = body.error || resp.statusText; return; }
   $('explain-hint').textContent = 'What caused ' + id + ' (each line\'s causes are indented below it):';
   const items = [];
+  let calls = null;
+  let after = false;
   for (const l of body.links) {
-    const ind = '  '.repeat(l.depth);
+    let ind = '  '.repeat(l.depth);
+    if (l.consequence) {
+      // What followed the move: its claim's result, the calls adopted.
+      if (!after) items.push(el('li', { class: 'after' }, 'What followed (the claim\'s result and the adoption of the calls):'));
+      after = true;
+      ind = '  => ';
+    }
+    if (l.calls && !calls) calls = l.calls;
     if (l.missing) {
       items.push(el('li', { class: 'missing', data: { id: l.id } }, `${ind}? ${l.id} (not in the trail read: live state older than the live stream keeps)`));
       continue;
@@ -170,13 +204,14 @@ async function explain(id, li) {
       items.push(el('li', { class: 'repeat', data: { id: l.id } }, `${ind}^ ${l.event.type} ${l.id} (shown above)`));
       continue;
     }
-    items.push(el('li', { class: 'link', data: { id: l.id, type: l.event.type } }, ind,
+    items.push(el('li', { class: 'link' + (l.consequence ? ' consequence' : ''), data: { id: l.id, type: l.event.type } }, ind,
       el('span', { class: 'time' }, fmtTime(l.event.time) + ' '), eventLine(l.event)));
     for (const p of l.probes || []) {
       const res = p.ok ? 'ok' : `FAIL ${p.error || ''} (${p.error_class || ''})`;
       items.push(el('li', { class: 'probe' }, `${ind}  probe ${fmtTime(p.at)} ${res} in ${Number(p.duration_ms).toFixed(1)}ms`));
     }
   }
+  if (calls) items.push(el('li', { class: 'calls' }, calls));
   out.replaceChildren(...items);
 }
 
@@ -187,6 +222,7 @@ function connect() {
   $('logout').hidden = false;
   setConn(false, 'connecting');
   source = new EventSource('api/events');
+  if (typeof loadHistory === 'function') loadHistory();
   source.addEventListener('open', () => setConn(true, 'live'));
   source.addEventListener('status', (e) => renderStatus(JSON.parse(e.data)));
   source.addEventListener('event', (e) => addEvent(JSON.parse(e.data)));

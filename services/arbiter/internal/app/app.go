@@ -84,6 +84,11 @@ type Service struct {
 	// watch reads the audit stream's inputs (nil: the bus's Watch); a
 	// test replaces it to end it early.
 	watch func(context.Context, bus.WatchOptions, bus.EventHandler) error
+	// hold is the operator's leaders hold as the state bucket keeps it
+	// (hold.go); trouble what keeps the leader from storing its state or
+	// commands, for the steward.
+	hold    *leadersHold
+	trouble writeTrouble
 }
 
 // Build loads and validates the configuration; it starts nothing.
@@ -105,7 +110,8 @@ func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, core: core, lastStatus: map[string]events.GroupStatus{}}, nil
+	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, core: core, lastStatus: map[string]events.GroupStatus{},
+		hold: &leadersHold{}}, nil
 }
 
 type input struct {
@@ -126,6 +132,7 @@ func (s *Service) Run(ctx context.Context) error {
 			groups[i] = g.Name
 		}
 		s.state = newStateMetrics(rt.Metrics, groups)
+		_ = rt.Metrics.Register(newPinMetrics(s.state))
 		s.restoring.within, s.unwritable.within = s.cfg.RestoreWithin.D(), s.cfg.RestoreWithin.D()
 		kv, err := rt.Bus.WaitStateKV(ctx)
 		if err != nil {
@@ -142,7 +149,13 @@ func (s *Service) Run(ctx context.Context) error {
 				return fmt.Errorf("subscribe to arbiter presence: %w", err)
 			}
 			defer stop()
-			lc.MayHold = func(leading bool) bool { return p.mayHold(time.Now(), leading) }
+			// A standby that leads keeps the lease while an operator holds
+			// the leaders (fanctl leaders hold), rather than hand it to
+			// the witness's replica coming back from its reboot.
+			lc.MayHold = func(leading bool) bool {
+				now := time.Now()
+				return p.mayHoldHeld(now, leading, s.hold.inForce(now))
+			}
 		}
 		l, err := lease.New(lc, rt.Bus, s.log)
 		if err != nil {
@@ -155,6 +168,7 @@ func (s *Service) Run(ctx context.Context) error {
 		// inputs (watches, registry, weights), and the lease last, so nothing
 		// is decided under a lease already given up. The presence announcer
 		// and the leader steward run until the group begins to stop.
+		_ = rt.Metrics.Register(newHoldMetrics(s.hold))
 		g, ctx := daemon.NewGroup(ctx)
 		presenceDone := make(chan struct{})
 		go func(ctx context.Context) { s.announcePresence(ctx, rt.Bus); close(presenceDone) }(ctx)
@@ -243,6 +257,9 @@ func (s *Service) Run(ctx context.Context) error {
 			return watch(ctx, bus.WatchOptions{Since: rt.Announced(), Subjects: []string{
 				events.AllHealth(s.cfg.Cluster), events.AllHeartbeats(s.cfg.Cluster),
 				events.AllCommandResults(s.cfg.Cluster), events.AllReplication(s.cfg.Cluster),
+				// The replicators' calls summaries: what a planned move
+				// waits for, and what a move away from a holder records.
+				events.AllCallsSummaries(s.cfg.Cluster),
 			}}, toCore)
 		})
 		// A permit in force was published up to the scheduler's tick_every
@@ -252,6 +269,12 @@ func (s *Service) Run(ctx context.Context) error {
 			return rt.Bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllPermits(s.cfg.Cluster)}, LastPerSubject: true}, toCore)
 		})
 		g.Go("registry", s.runRegistry)
+		// Every replica follows the leaders hold (a standby that leads
+		// keeps the lease while it holds); the leader ends it at its end.
+		g.Go("watch_hold", func(ctx context.Context) error {
+			return rt.Bus.WatchKV(ctx, []string{events.LeadersHoldKey(s.cfg.Cluster)}, s.hold.onKey)
+		})
+		g.Go("hold_keeper", func(ctx context.Context) error { s.runHoldKeeper(ctx); return nil })
 		s.status = newStatusWriter(kv, s.cfg.Cluster, func(epoch uint64) bool { return l.Leading() && l.Epoch() == epoch }, s.log)
 		g.Go("status", func(ctx context.Context) error { s.status.run(ctx); return nil })
 		g.Go("weights", func(ctx context.Context) error {
@@ -377,6 +400,9 @@ func (s *Service) Run(ctx context.Context) error {
 // leadership switches the core. A new leader first restores what the
 // previous one persisted, so it continues from the same holder and claim.
 func (s *Service) leadership(ctx context.Context, ch lease.Change) {
+	// What kept the last term from storing is not this term's.
+	s.trouble.set(&s.trouble.persist, "")
+	s.trouble.set(&s.trouble.command, "")
 	if ch.Leading {
 		s.restoring.reset()
 		s.restoreEpoch = ch.Epoch
@@ -586,22 +612,44 @@ func (s *Service) replayClaimResults(ctx context.Context, st decide.State) error
 			continue
 		}
 		// Any result to this claim comes after it was issued, which is
-		// at most the command TTL before its deadline. The read goes to
-		// the end of the trail as it is now: a result missed here would
-		// make the claim look unanswered, and the core would then move a
-		// group that its claimant holds (a replica restarted after the
-		// claim was confirmed never saw that answer).
+		// at most the command TTL before its deadline. Every result stored
+		// since then is read, as many as the consumer says are pending when
+		// it is made (none: nothing to wait for): a result missed here
+		// would make the claim look unanswered, and the core would move a
+		// group its claimant holds.
 		since := g.Claim.Deadline.Add(-2 * time.Minute)
-		stored, err := s.bus.ReadAll(ctx, bus.WatchOptions{Since: since,
-			Subjects: []string{events.CommandResultSubject(s.cfg.Cluster, g.Claim.Node)}})
+		cons, err := s.bus.JS.OrderedConsumer(ctx, bus.EventsStream, jetstream.OrderedConsumerConfig{
+			FilterSubjects: []string{events.CommandResultSubject(s.cfg.Cluster, g.Claim.Node)},
+			DeliverPolicy:  jetstream.DeliverByStartTimePolicy, OptStartTime: &since,
+		})
 		if err != nil {
 			return fmt.Errorf("read the results of group %s's outstanding claim on %s: %w", g.Name, g.Claim.Node, err)
 		}
-		for _, r := range stored {
-			if res, ok := r.Payload.(*events.CommandResult); ok && res.CommandID == g.Claim.CommandID {
-				s.core.Handle(time.Now(), r.Env, r.Payload)
-				s.log.Info("restore: outstanding claim already answered", "group", g.Name, "node", res.Node, "outcome", res.Outcome)
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return fmt.Errorf("read the results of group %s's outstanding claim on %s: %w", g.Name, g.Claim.Node, err)
+		}
+		for left := info.NumPending; left > 0; {
+			batch, err := cons.Fetch(int(min(left, 256)), jetstream.FetchMaxWait(time.Second))
+			if err != nil {
+				return fmt.Errorf("read the results of group %s's outstanding claim on %s: %w", g.Name, g.Claim.Node, err)
 			}
+			n := uint64(0)
+			for m := range batch.Messages() {
+				n++
+				env, p, _ := s.bus.DecodeFrom(m.Subject(), m.Data())
+				if r, ok := p.(*events.CommandResult); ok && r.CommandID == g.Claim.CommandID {
+					s.core.Handle(time.Now(), env, p)
+					s.log.Info("restore: outstanding claim already answered", "group", g.Name, "node", r.Node, "outcome", r.Outcome)
+				}
+			}
+			if err := batch.Error(); err != nil {
+				return fmt.Errorf("read the results of group %s's outstanding claim on %s: %w", g.Name, g.Claim.Node, err)
+			}
+			if n == 0 && ctx.Err() != nil {
+				return fmt.Errorf("read the results of group %s's outstanding claim on %s: %w", g.Name, g.Claim.Node, ctx.Err())
+			}
+			left -= min(n, left)
 		}
 	}
 	return nil
@@ -662,12 +710,18 @@ func (s *Service) operate(ctx context.Context, m *nats.Msg) {
 	}
 	requested := events.OperatorAction{Verb: req.Verb, Group: req.Group, Node: req.Node, Reason: req.Reason, Operator: op,
 		Comment: req.Comment, Outcome: "requested; not yet decided", Stage: events.StageRequested,
-		Drain: req.Drain, WithinMS: req.WithinMS, Cancel: req.Cancel}
+		Drain: req.Drain, WithinMS: req.WithinMS, Cancel: req.Cancel, ForMS: req.ForMS, Until: req.Until, Server: req.Server}
 	rctx, cancel := context.WithTimeout(ctx, operatorRecordTimeout)
 	renv, err := s.bus.Emit(rctx, requested, events.WithEpoch(s.lease.Epoch()))
 	cancel()
 	if err != nil {
 		refuse(op, fmt.Errorf("the request could not be recorded in the audit trail, so nothing was done: %w", err))
+		return
+	}
+	if req.Verb.ForLeaders() {
+		// The leaders hold is the steward's, not the decision core's.
+		r := s.operateLeaders(ctx, req, renv)
+		reply(r)
 		return
 	}
 	id := uuid.Must(uuid.NewV7()).String()
@@ -811,6 +865,15 @@ func (s *Service) execute(ctx context.Context, out decide.Output) bool {
 		} else {
 			err = s.ob.PostEnvelope("", env, e.Payload)
 		}
+		if _, isCmd := e.Payload.(events.Command); isCmd && s.lease.Leading() {
+			// While it still leads, a command the bus would not store is
+			// the steward's business too (a leaders hold may have to end).
+			why := ""
+			if err != nil {
+				why = fmt.Sprintf("a command could not be stored at %s: %v", time.Now().UTC().Format(time.RFC3339), err)
+			}
+			s.trouble.set(&s.trouble.command, why)
+		}
 		if err != nil {
 			// An unpublished command is caught by the core's claim timeout.
 			s.log.Error("publish failed", "type", env.Type, "event_id", env.ID, "err", err)
@@ -858,8 +921,9 @@ func (s *Service) persistFailed(ctx context.Context, now time.Time, err error) {
 		return
 	}
 	over := s.unwritable.failed(now)
-	s.conds.Raise(condStateUnwritable, fmt.Sprintf("cannot persist decisions since %s: %v",
-		s.unwritable.since.UTC().Format(time.RFC3339Nano), err))
+	why := fmt.Sprintf("cannot persist decisions since %s: %v", s.unwritable.since.UTC().Format(time.RFC3339Nano), err)
+	s.conds.Raise(condStateUnwritable, why)
+	s.trouble.set(&s.trouble.persist, why)
 	if over {
 		s.log.Error("cannot persist arbiter state within restore_within; releasing the lease",
 			"restore_within", s.cfg.RestoreWithin.D().String(), "err", err)
@@ -871,6 +935,7 @@ func (s *Service) persisted() {
 	if s.unwritable.failing() {
 		s.log.Info("arbiter state persisted again")
 	}
+	s.trouble.set(&s.trouble.persist, "")
 	s.unwritable.reset()
 	if s.releasedUntil.IsZero() {
 		s.conds.Clear(condStateUnwritable)
@@ -902,6 +967,7 @@ func (s *Service) writeStatus(snap decide.State, now time.Time) {
 		if p := g.Planned; p != nil {
 			st.Planned = &events.PlannedStatus{PlannedFacts: p.PlannedFacts, GaveUp: p.GaveUp}
 		}
+		st.Pin = decide.PinStatus(g)
 		for prio, n := range g.Nodes {
 			st.Nodes[n.Node] = events.NodeStatus{Health: n.Health, HealthSince: n.HealthSince, LastHeartbeat: n.LastHeartbeat, Silent: n.Silent, Priority: prio,
 				Standby: n.Standby, Eligible: n.Eligible}

@@ -2,6 +2,7 @@ package app
 
 import (
 	"fmt"
+	"maps"
 	"net/netip"
 	"os"
 	"slices"
@@ -58,6 +59,13 @@ type HTTPHeartbeatConfig struct {
 	// Token or TokenFile (one of them) is the bearer token clients send.
 	Token     string `yaml:"token"`
 	TokenFile string `yaml:"token_file"`
+	// NodeTokenFiles gives nodes a token of their own, each in a file: such
+	// a node posts with its token alone, and its token posts for it alone
+	// (httphb.Config.NodeTokens). The shared token still reads GET
+	// /api/servers and posts for the nodes without a token of their own.
+	NodeTokenFiles map[string]string `yaml:"node_token_files"`
+	// NodeTokens is what NodeTokenFiles hold, read by validate.
+	NodeTokens map[string]string `yaml:"-"`
 	// MaxBody bounds a request body in bytes (default 4096).
 	MaxBody int64 `yaml:"max_body"`
 	// Interval is the heartbeat period these hosts use, carried in the
@@ -112,6 +120,30 @@ func (h *HTTPHeartbeatConfig) validate() error {
 	default:
 		if len(h.Token) < 16 {
 			errs = append(errs, config.Errf("http_heartbeat.token", "a bearer token of at least 16 characters is required"))
+		}
+	}
+	h.NodeTokens = map[string]string{}
+	for _, node := range slices.Sorted(maps.Keys(h.NodeTokenFiles)) {
+		key := "http_heartbeat.node_token_files." + node
+		if !slices.Contains(h.Nodes, node) {
+			errs = append(errs, config.Errf(key, "node %q is not in http_heartbeat.nodes", node))
+			continue
+		}
+		b, err := os.ReadFile(h.NodeTokenFiles[node])
+		if err != nil {
+			errs = append(errs, &config.FieldError{Key: key, Err: err})
+			continue
+		}
+		tok := strings.TrimSpace(string(b))
+		switch {
+		case len(tok) < 16:
+			errs = append(errs, config.Errf(key, "a bearer token of at least 16 characters is required"))
+		case tok == h.Token:
+			errs = append(errs, config.Errf(key, "the same as the shared token: a node's token must be its own"))
+		case slices.Contains(slices.Collect(maps.Values(h.NodeTokens)), tok):
+			errs = append(errs, config.Errf(key, "the same as another node's token: a node's token must be its own"))
+		default:
+			h.NodeTokens[node] = tok
 		}
 	}
 	if h.MaxBody == 0 {

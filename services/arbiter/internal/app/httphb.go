@@ -19,7 +19,7 @@ import (
 // it: a heartbeat only becomes an event on the bus, which the leader's
 // registry and core consume like a prober's.
 func (s *Service) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter, metrics prometheus.Registerer) (func(), error) {
-	h := httphb.New(httphb.Config{Token: hh.Token, Nodes: hh.Nodes, MaxBody: hh.MaxBody, Interval: hh.Interval.D(),
+	h := httphb.New(httphb.Config{Token: hh.Token, NodeTokens: hh.NodeTokens, Nodes: hh.Nodes, MaxBody: hh.MaxBody, Interval: hh.Interval.D(),
 		Rate: hh.RateLimit.PerSecond, Burst: hh.RateLimit.Burst, MaxSources: hh.RateLimit.MaxSources, Metrics: metrics},
 		emit, s.listRegistry, s.log)
 	var certs *httphb.CertFiles

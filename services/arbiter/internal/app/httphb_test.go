@@ -6,6 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +20,21 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
-const testToken = "s3cret-token-for-tests"
+const (
+	testToken = "s3cret-token-for-tests"
+	// nodeToken is legacy2's own token (http_heartbeat.node_token_files).
+	nodeToken = "legacy2-own-token-for-tests"
+)
+
+// tokenFile writes a token to a file of its own.
+func tokenFile(t *testing.T, tok string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(p, []byte(tok+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
 
 // The HTTP heartbeat endpoint of a running arbiter (leader, embedded
 // JetStream): every malformed, unauthenticated, unknown or oversized
@@ -29,8 +46,9 @@ func TestHTTPHeartbeat(t *testing.T) {
 	cfg := l.cfg("ctlA")
 	// Every case comes from one address: a rate limit above them all
 	// (TestHTTPHeartbeatEdge attacks the limit).
-	cfg.HTTPHeartbeat = HTTPHeartbeatConfig{Listen: addr, Token: testToken, MaxBody: 512, Nodes: []string{"legacy1"},
-		RateLimit: HTTPHeartbeatRateLimit{PerSecond: 1000, Burst: 10000}}
+	cfg.HTTPHeartbeat = HTTPHeartbeatConfig{Listen: addr, Token: testToken, MaxBody: 512, Nodes: []string{"legacy1", "legacy2"},
+		NodeTokenFiles: map[string]string{"legacy2": tokenFile(t, nodeToken)},
+		RateLimit:      HTTPHeartbeatRateLimit{PerSecond: 1000, Burst: 10000}}
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +129,11 @@ func TestHTTPHeartbeat(t *testing.T) {
 		{"interval_ms 1", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"interval_ms":1`, 1), 422, "interval_ms"},
 		{"channels 2^40", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, `"active_channels":3`, `"active_channels":1099511627776`, 1), 422, "active_channels"},
 		{"no such path", "GET", "/api/nothing", testToken, "", "", 404, "no such endpoint"},
+		// legacy2 has a token of its own: it posts with that alone, and
+		// that token posts for legacy2 alone and lists nothing.
+		{"node token for another node", "POST", "/api/servers/heartbeat", nodeToken, "", good, 401, `may not post node "legacy1"`},
+		{"shared token for a node with its own", "POST", "/api/servers/heartbeat", testToken, "", strings.Replace(good, "legacy1", "legacy2", 1), 401, `may not post node "legacy2"`},
+		{"node token lists", "GET", "/api/servers", nodeToken, "", "", 401, "posts its heartbeats only"},
 	}
 	for _, tc := range cases {
 		code, body := do(tc.method, tc.path, tc.token, tc.ctype, tc.body)
@@ -124,6 +147,9 @@ func TestHTTPHeartbeat(t *testing.T) {
 	if code != http.StatusAccepted {
 		t.Fatalf("good heartbeat: %d %s", code, body)
 	}
+	if code, body := do("POST", "/api/servers/heartbeat", nodeToken, "application/json", strings.Replace(good, "legacy1", "legacy2", 1)); code != http.StatusAccepted {
+		t.Fatalf("legacy2's heartbeat with its own token: %d %s", code, body)
+	}
 	// The good heartbeat is on the bus, and it is the only one: every
 	// refused request published nothing.
 	waitFor(t, 10*time.Second, "the heartbeat on the bus", func() bool {
@@ -131,14 +157,25 @@ func TestHTTPHeartbeat(t *testing.T) {
 		defer mu.Unlock()
 		return len(beats) > 0
 	})
+	waitFor(t, 10*time.Second, "legacy2's heartbeat on the bus", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.ContainsFunc(beats, func(hb *events.NodeHeartbeat) bool { return hb.Node == "legacy2" })
+	})
 	mu.Lock()
-	var legacy []*events.NodeHeartbeat
+	var legacy, legacy2 []*events.NodeHeartbeat
 	for _, hb := range beats {
-		if hb.Node == "legacy1" {
+		switch hb.Node {
+		case "legacy1":
 			legacy = append(legacy, hb)
+		case "legacy2":
+			legacy2 = append(legacy2, hb)
 		}
 	}
 	mu.Unlock()
+	if len(legacy2) != 1 {
+		t.Errorf("heartbeats of legacy2 on the bus: %d, want the one posted with its own token", len(legacy2))
+	}
 	if len(legacy) != 1 || legacy[0].CPUPercent != 12.5 || legacy[0].MemAvailableBytes != 700 || *legacy[0].ActiveChannels != 3 ||
 		legacy[0].IntervalMS != 60_000 {
 		t.Fatalf("heartbeats of legacy1 on the bus: %+v", legacy)
@@ -171,6 +208,16 @@ func TestHTTPHeartbeatConfig(t *testing.T) {
 		"no file":     {Listen: "127.0.0.1:0", TokenFile: "/nonexistent/token", Nodes: []string{"x"}},
 		"no nodes":    {Listen: "127.0.0.1:0", Token: testToken},
 		"tiny body":   {Listen: "127.0.0.1:0", Token: testToken, Nodes: []string{"x"}, MaxBody: 10},
+		"node token of no node": {Listen: "127.0.0.1:0", Token: testToken, Nodes: []string{"x"},
+			NodeTokenFiles: map[string]string{"y": tokenFile(t, nodeToken)}},
+		"node token is the shared one": {Listen: "127.0.0.1:0", Token: testToken, Nodes: []string{"x"},
+			NodeTokenFiles: map[string]string{"x": tokenFile(t, testToken)}},
+		"two nodes, one token": {Listen: "127.0.0.1:0", Token: testToken, Nodes: []string{"x", "y"},
+			NodeTokenFiles: map[string]string{"x": tokenFile(t, nodeToken), "y": tokenFile(t, nodeToken)}},
+		"short node token": {Listen: "127.0.0.1:0", Token: testToken, Nodes: []string{"x"},
+			NodeTokenFiles: map[string]string{"x": tokenFile(t, "short")}},
+		"no node token file": {Listen: "127.0.0.1:0", Token: testToken, Nodes: []string{"x"},
+			NodeTokenFiles: map[string]string{"x": "/nonexistent/token"}},
 	} {
 		if err := h.validate(); err == nil {
 			t.Errorf("%s: accepted", name)

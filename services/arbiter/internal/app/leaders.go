@@ -31,7 +31,8 @@ func (s *Service) runSteward(ctx context.Context, rt *daemon.Runtime, sys *nats.
 	if len(bc.LeaderServers) == 0 {
 		return func() {}
 	}
-	st := steward.New(steward.Config{LeaderServers: bc.LeaderServers, Streams: bus.Streams(), Leading: s.lease.Leading},
+	st := steward.New(steward.Config{LeaderServers: bc.LeaderServers, Streams: bus.Streams(), Leading: s.lease.Leading,
+		Hold: s.hold.forSteward, Trouble: s.trouble.String, Break: func(id, why string) { s.breakHold(ctx, id, why) }},
 		rt.Bus.NC, rt.Bus.JS, sys, s.log)
 	for _, c := range st.Collectors() {
 		_ = rt.Metrics.Register(c)

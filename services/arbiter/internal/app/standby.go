@@ -64,6 +64,13 @@ func (p *primaries) mayHold(now time.Time, leading bool) bool {
 	return true
 }
 
+// mayHoldHeld is mayHold while an operator may hold the leaders (fanctl
+// leaders hold): a standby that leads keeps the lease while the hold is in
+// force, rather than hand it to a primary coming back from a reboot.
+func (p *primaries) mayHoldHeld(now time.Time, leading, held bool) bool {
+	return p.mayHold(now, leading) || (leading && held)
+}
+
 // announcePresence publishes this replica's presence until ctx ends.
 func (s *Service) announcePresence(ctx context.Context, b *bus.Bus) {
 	t := time.NewTicker(presenceEvery)

@@ -65,6 +65,9 @@ type nodeState struct {
 	// proxy is the observer whose presence stands for this node's (a
 	// member with HealthFrom, which runs no prober); "" for a normal node.
 	proxy string
+	// summary is its replicator's last calls summary: which of its calls
+	// a move can carry across (calls.go).
+	summary *callsHeard
 }
 
 type claim struct {
@@ -105,6 +108,10 @@ type groupState struct {
 	// planned is the operator's planned move waiting for the holder to
 	// drain (or a standby's that gave up), at most one per group.
 	planned *planned
+	// pin is the operator's pin in force, pinAsk the pin of a switchover
+	// still waiting to move (pin.go).
+	pin    *pin
+	pinAsk *pinAsk
 }
 
 type claimResult struct {
@@ -313,6 +320,10 @@ func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Outp
 		c.onReplication(now, env, v)
 	case *events.ReplicationStatus:
 		c.onReplication(now, env, *v)
+	case events.CallsSummary:
+		c.onCallsSummary(now, env, v)
+	case *events.CallsSummary:
+		c.onCallsSummary(now, env, *v)
 	}
 	if c.leading {
 		trig := envRef(env)

@@ -70,9 +70,13 @@
 //     standby node holds nothing. They need a healthy target but ignore the
 //     hold-down and the cap.
 //   - Planned moves (an operator's switchover or node standby) wait until
-//     the holder reports at most the group's drain limit of active
-//     channels (unknown is not drained), up to a deadline; then they give
+//     the holder has at most the group's drain limit of channels that no
+//     move carries across: with its current calls summary, those not in a
+//     carriable call; without one, every active channel of its heartbeat
+//     (unknown is not drained). They wait up to a deadline; then they give
 //     up, or move anyway when asked to (force_after); "now" moves at once.
+//     A move away from a holder records (and cites) what its last calls
+//     summary said was up, so the trail tells what was carried and lost.
 //     Each stage is a PlannedMove citing the operator's action; a failover
 //     overrides a waiting move. The wait is persisted and restored.
 //   - Holds are explained once per change of situation, never per event.

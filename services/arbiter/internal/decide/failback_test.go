@@ -144,6 +144,7 @@ func TestFailback(t *testing.T) {
 					f.now = f.now.Add(time.Second)
 					f.op(events.OpSwitchover, "", "n2", "test")
 					f.result("pbx", "n2", events.OutcomeApplied)
+					f.op(events.OpUnpin, "", "", "test") // a switchover pins: cleared, failback is considered again
 					return Output{}
 				}},
 				{name: "permit", do: permitFor("pbx", 0, time.Hour), want: []string{"hold n2"}},
@@ -341,8 +342,8 @@ func TestOperatorActions(t *testing.T) {
 				{name: "manual switchover still works, without waiting for a dead holder", do: operator(events.OpSwitchover, "", "n3", "by hand"),
 					want: []string{"op switchover accepted=true", "switchover n1->n3", "release n1", "claim n3 prev=n1 fenced"}},
 				{name: "n3 confirms", do: res("pbx", "n3", events.OutcomeApplied), want: []string{"hold n3"}, reason: "in maintenance"},
-				{name: "maintenance off", do: operator(events.OpMaintenanceOff, "", "", ""), want: []string{"op maintenance_off accepted=true", "hold n3"},
-					reason: "failback needs a permit"},
+				{name: "maintenance off: the switchover pinned n3", do: operator(events.OpMaintenanceOff, "", "", ""),
+					want: []string{"op maintenance_off accepted=true", "hold n3"}, reason: "the pin of pbx to n3 by alice@ops1 (by hand)"},
 			},
 		},
 	}

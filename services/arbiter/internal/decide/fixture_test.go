@@ -51,6 +51,8 @@ type fx struct {
 	evIDs   map[string]bool                         // every event id fed to the core
 	last    []built
 	onOut   func(Output) // extra checks after every core call (the randomized test's model)
+	// summaries are the ids of the calls summaries fed, in order.
+	summaries []string
 }
 
 type built struct {
@@ -245,6 +247,16 @@ func (f *fx) check(out Output) {
 			for _, id := range p.CausedBy {
 				if !f.evIDs[id] && !f.cmdIDs[id] {
 					f.t.Fatalf("planned move cites %s, which the core was never given nor emitted", id)
+				}
+			}
+			f.cmdIDs[env.ID] = true
+		case events.GroupPin:
+			if env.CausationID != p.CausedBy[0] {
+				f.t.Fatalf("pin causation %q, caused_by %v", env.CausationID, p.CausedBy)
+			}
+			for _, id := range p.CausedBy {
+				if !f.evIDs[id] && !f.cmdIDs[id] {
+					f.t.Fatalf("pin cites %s, which the core was never given nor emitted", id)
 				}
 			}
 			f.cmdIDs[env.ID] = true

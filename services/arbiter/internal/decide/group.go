@@ -257,6 +257,7 @@ func (c *Core) evaluate(g *groupState, now time.Time, trig *ref, out *Output) {
 		}
 		return all
 	}
+	c.pinTick(g, now, out)
 	if p := g.pending; p != nil {
 		cmd := ref{id: p.cmdID, corr: p.corr}
 		switch {
@@ -310,7 +311,7 @@ func (c *Core) evaluate(g *groupState, now time.Time, trig *ref, out *Output) {
 		}
 		g.moves = append(g.moves, now)
 		c.move(g, now, events.ActionFailover, h, to,
-			fmt.Sprintf("%s; %s is the highest-priority eligible node", v.why, to),
+			fmt.Sprintf("%s; %s is the highest-priority eligible node%s", v.why, to, c.callsNote(g, h)),
 			with(v.causes, c.nodeCauses(g, to)), []string{h}, h, true, out)
 	case v.silent:
 		c.hold(g, v.key, v.why, with(v.causes), nil, false, out)
@@ -335,8 +336,8 @@ func (c *Core) leaveStandby(g *groupState, h string, now time.Time, with func(..
 			h, c.summary(g, now, h)), causes, out)
 		return
 	}
-	c.move(g, now, events.ActionSwitchover, h, to, fmt.Sprintf("holder %s is in standby (operator); %s is the highest-priority eligible node", h, to),
-		append(causes, c.nodeCauses(g, to)...), []string{h}, h, true, out)
+	c.move(g, now, events.ActionSwitchover, h, to, fmt.Sprintf("holder %s is in standby (operator); %s is the highest-priority eligible node%s",
+		h, to, c.callsNote(g, h)), append(causes, c.nodeCauses(g, to)...), []string{h}, h, true, out)
 }
 
 // considerFailback moves the group back to a more preferred node only when
@@ -355,6 +356,9 @@ func (c *Core) considerFailback(g *groupState, h string, now time.Time, with fun
 	key := func(k string) string { return "failback-" + k + ":" + h + ":" + to }
 	if frozen != "" {
 		c.holdOnce(g, key("frozen"), fmt.Sprintf("preferred %s is eligible again while %s holds; %s: no failback", to, h, frozen), causes, out)
+		return
+	}
+	if c.pinHoldsFailback(g, h, to, with, out) {
 		return
 	}
 	p := g.permit
@@ -597,6 +601,14 @@ func (c *Core) retry(g *groupState, now time.Time, why string, causes []ref, out
 // is told to hold the address while another still is.
 func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to, reason string, causes []ref,
 	release []string, prev string, prevFenced bool, out *Output, mods ...func(*events.ArbiterDecision)) {
+	// A move away from a holder says what it had up, by its last calls
+	// summary since it took the group, and cites it.
+	var calls *callsHeard
+	if from != "" && action != events.ActionRetry {
+		if calls = c.tenureCalls(g, from); calls != nil {
+			causes = append(causes, calls.ref)
+		}
+	}
 	causes = dedup(causes)
 	if prev == to {
 		// Moving back to the node that held it last (a retry after a
@@ -604,6 +616,9 @@ func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to
 		prev, prevFenced = "", false
 	}
 	id, d, primary := c.decision(g, action, from, to, reason, causes, len(release)+1)
+	if calls != nil {
+		d.Calls = calls.holderCalls()
+	}
 	for _, m := range mods {
 		m(&d)
 	}
@@ -639,6 +654,7 @@ func (c *Core) move(g *groupState, now time.Time, action events.Action, from, to
 	g.lastMove = now
 	g.situation, g.reason, g.human = "", "", false
 	clear(g.told)
+	c.pinMoved(g, action, from, to, ref{id: id, corr: corr}, d.CausedBy, out)
 }
 
 // hold explains why nothing moves, once per situation. A hold that releases

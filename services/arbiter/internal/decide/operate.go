@@ -49,7 +49,7 @@ func (c *Core) Operate(now time.Time, r Request) (Reply, Output) {
 	c.replyFor = c.replyFor[:0]
 	out := Output{Emits: []Emit{{}}} // the action's record goes first, once its outcome is known
 	trig := ref{id: r.ID, corr: r.RequestedID}
-	accepted, msg := c.operate(now, r, trig, &out)
+	accepted, msg := c.operatePinned(now, r, trig, &out)
 	if accepted {
 		for _, gi := range c.affected {
 			c.evaluate(c.groups[gi], now, &trig, &out)
@@ -69,7 +69,7 @@ func (c *Core) Operate(now time.Time, r Request) (Reply, Output) {
 	}
 	act := events.OperatorAction{Verb: r.Verb, Group: r.Group, Node: r.Node, Reason: r.Reason, Operator: r.Operator,
 		Comment: r.Comment, Accepted: accepted, Outcome: rep.Message, Drain: r.Drain, WithinMS: r.WithinMS, Cancel: r.Cancel, Input: c.input,
-		InputAudit: c.inputAudit, InputLive: c.inputLive}
+		InputAudit: c.inputAudit, InputLive: c.inputLive, ForMS: r.ForMS, Until: r.Until}
 	opts := []events.Option{events.WithID(r.ID), events.WithEpoch(c.epoch), events.At(now.UTC())}
 	if r.RequestedID != "" {
 		opts = append(opts, events.CausedByID(r.RequestedID, r.RequestedID))
@@ -117,7 +117,7 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 		case g.pending != nil:
 			return false, fmt.Sprintf("a claim on %s is outstanding; try again when it is settled", g.pending.node)
 		case g.holder == to:
-			return false, fmt.Sprintf("%s already holds group %s", to, g.cfg.Name)
+			return false, fmt.Sprintf("%s already holds group %s (with --for or --until, a switchover to it pins it there)", to, g.cfg.Name)
 		case c.isStandby(to):
 			return false, fmt.Sprintf("%s is in standby", to)
 		case !c.eligible(g, to, now):
@@ -135,7 +135,7 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 		}
 		msg := fmt.Sprintf("switchover of %s from %s to %s decided", g.cfg.Name, orNone(from), to)
 		if from != "" {
-			msg += " (now: " + c.cutCount(from) + ")"
+			msg += " (now: " + c.cutCount(g, from) + ")"
 		}
 		if p := g.planned; p != nil {
 			c.endPlanned(g, events.PlannedCancelled, fmt.Sprintf("%s, asked by %s at %s, replaced by a switchover now by %s with %s",
@@ -252,15 +252,16 @@ func (c *Core) operatorMove(g *groupState, now time.Time, action events.Action, 
 			reason += "; FORCED with " + c.countNow(h)
 			causes = append(causes, c.nodes[h].hbRef)
 		}
+		reason += c.callsNote(g, h)
 	}
 	c.move(g, now, action, h, to, reason, causes, release, prev, fenced, out,
 		func(d *events.ArbiterDecision) { d.Forced = forced })
 }
 
-// drainedNow reports whether h is known to carry no more than the limit.
+// drainedNow reports whether h is known to carry no more than the limit
+// of channels a move would end.
 func (c *Core) drainedNow(g *groupState, h string) bool {
-	ok, _, _ := c.drained(g, h, c.now)
-	return ok
+	return c.drained(g, h, c.now).ok
 }
 
 // standbyNode is fanctl node standby: the node may hold nothing, and each
@@ -286,7 +287,7 @@ func (c *Core) standbyNode(now time.Time, r Request, trig ref, out *Output) (boo
 				c.endPlanned(g, events.PlannedCancelled, fmt.Sprintf("%s, asked by %s at %s, replaced by a standby now by %s with %s",
 					p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator, c.countNow(n)), []ref{trig}, out)
 			}
-			cut = append(cut, g.cfg.Name+": "+c.cutCount(n))
+			cut = append(cut, g.cfg.Name+": "+c.cutCount(g, n))
 			continue
 		}
 		if c.judgeHolder(g, n, now).down {

@@ -9,12 +9,16 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 )
 
-// Planned moves. Moving the address ends every call on the old holder, so
-// an operator's switchover or node standby waits, by default, until the
-// holder reports at most the group's drain limit of active channels (the
-// failback's drain_max_channels), up to a deadline; then it gives up, or
-// with force_after moves anyway. A holder whose count is not reported, or
-// is silent on the bus, is not drained. A failover (the holder is down)
+// Planned moves. Moving the address ends the calls on the old holder that
+// the new one cannot carry across, so an operator's switchover or node
+// standby waits, by default, until the holder has at most the group's
+// drain limit (the failback's drain_max_channels) of channels that are not
+// in a carried call, up to a deadline; then it gives up, or with
+// force_after moves anyway. The count comes from the holder's current
+// calls summary (calls.go), which tells the carried calls apart; without
+// one, from its heartbeat's active channels, every one waited for. A
+// holder whose count is not reported, or is silent on the bus, is not
+// drained. A failover (the holder is down)
 // ends the wait: the planned move is overridden, never in the way. Each
 // stage is a PlannedMove citing the operator's action, and the move's
 // decision cites the stage that decided it.
@@ -56,13 +60,15 @@ type PlannedState struct {
 	LastTo        string    `json:"last_to,omitempty"`
 }
 
-func (p *planned) facts(g *groupState, ch *int) events.PlannedFacts {
+func (p *planned) facts(g *groupState, ch *int, calls *events.HolderCalls) events.PlannedFacts {
 	return events.PlannedFacts{Verb: p.verb, From: p.from, To: p.to, Operator: p.operator, RequestID: p.requestID,
-		RequestedAt: p.since, Deadline: p.deadline, Drain: p.drain, MaxChannels: g.cfg.Failback.DrainMaxChannels, Channels: cloneInt(ch)}
+		RequestedAt: p.since, Deadline: p.deadline, Drain: p.drain, MaxChannels: g.cfg.Failback.DrainMaxChannels, Channels: cloneInt(ch),
+		Calls: calls}
 }
 
 func (p *planned) state(c *Core, g *groupState) *PlannedState {
-	return &PlannedState{PlannedFacts: p.facts(g, c.nodes[p.from].channels), Reason: p.reason, ActionID: p.action.id,
+	ch, calls := c.holderLoad(g, p.from, c.now)
+	return &PlannedState{PlannedFacts: p.facts(g, ch, calls), Reason: p.reason, ActionID: p.action.id,
 		CorrelationID: p.action.corr, GaveUp: p.gaveUp, LastReport: p.lastReport, LastCount: cloneInt(p.lastCount), LastTo: p.lastReportedTo}
 }
 
@@ -116,23 +122,48 @@ func (c *Core) startPlanned(g *groupState, now time.Time, r Request, to string, 
 	c.touch(c.byName[g.cfg.Name])
 }
 
-// drained reports whether h counts as drained in g, and its count.
-func (c *Core) drained(g *groupState, h string, now time.Time) (bool, *int, string) {
+// drain is whether a holder counts as drained, with what it was judged on.
+type drain struct {
+	ok       bool
+	channels *int        // the holder's active channels
+	calls    *callsHeard // its current calls summary, when the count is its
+	why      string      // the count, for reasons
+}
+
+// holderCalls is the summary's counts for a planned move's records.
+func (d drain) holderCalls() *events.HolderCalls {
+	if d.calls == nil {
+		return nil
+	}
+	return d.calls.holderCalls()
+}
+
+// drained reports whether h counts as drained in g: the channels a move
+// would end (all of them, or with a current calls summary those not in a
+// call carried across) within the limit.
+func (c *Core) drained(g *groupState, h string, now time.Time) drain {
 	limit := g.cfg.Failback.DrainMaxChannels
 	ns := c.nodes[h]
 	switch {
 	case limit < 0:
-		return true, ns.channels, "the group does not wait for calls (drain_max_channels < 0)"
+		return drain{ok: true, channels: ns.channels, why: "the group does not wait for calls (drain_max_channels < 0)"}
 	case ns.proxy != "":
-		return true, nil, h + " runs no prober and carries no calls fan can count"
+		return drain{ok: true, why: h + " runs no prober and carries no calls fan can count"}
 	case c.silent(h, now):
-		return false, ns.channels, h + " is silent on the bus, so its active channels are not known"
-	case ns.channels == nil:
-		return false, nil, h + "'s active channels are unknown (its prober does not report them)"
-	case *ns.channels > limit:
-		return false, ns.channels, fmt.Sprintf("%s has %s (limit %d)", h, plural(*ns.channels, "active channel"), limit)
+		return drain{channels: ns.channels, why: h + " is silent on the bus, so its active channels are not known"}
 	}
-	return true, ns.channels, fmt.Sprintf("%s has %s (limit %d)", h, plural(*ns.channels, "active channel"), limit)
+	if sh := c.currentCalls(g, h, now); sh != nil {
+		hc := sh.holderCalls()
+		n := hc.Channels
+		return drain{ok: hc.Uncarried() <= limit, channels: &n, calls: sh, why: fmt.Sprintf("%s (limit %d)", carriedCount(h, hc), limit)}
+	}
+	switch {
+	case ns.channels == nil:
+		return drain{why: h + "'s active channels are unknown (its prober does not report them)"}
+	case *ns.channels > limit:
+		return drain{channels: ns.channels, why: fmt.Sprintf("%s has %s (limit %d)", h, plural(*ns.channels, "active channel"), limit)}
+	}
+	return drain{ok: true, channels: ns.channels, why: fmt.Sprintf("%s has %s (limit %d)", h, plural(*ns.channels, "active channel"), limit)}
 }
 
 func plural(n int, what string) string {
@@ -142,8 +173,16 @@ func plural(n int, what string) string {
 	return fmt.Sprintf("%d %ss", n, what)
 }
 
-// cutCount says how many calls a move cuts now, for --now replies.
-func (c *Core) cutCount(h string) string {
+// cutCount says how many calls a move cuts now, for --now replies: with
+// h's current calls summary, which of its channels are carried across.
+func (c *Core) cutCount(g *groupState, h string) string {
+	if sh := c.currentCalls(g, h, c.now); sh != nil {
+		hc := sh.holderCalls()
+		if hc.Uncarried() == 0 {
+			return carriedCount(h, hc) + ": none cut"
+		}
+		return carriedCount(h, hc) + ": the rest cut"
+	}
 	if c.nodes[h].channels != nil {
 		return c.countNow(h) + " cut"
 	}
@@ -174,7 +213,8 @@ func (c *Core) considerPlanned(g *groupState, h string, now time.Time, frozen st
 			"(fanctl switchover, or fanctl node standby %s again)", h, p.what(g), p.deadline.UTC().Format(time.RFC3339), h, h), []ref{p.action}, out)
 		return
 	}
-	ok, ch, count := c.drained(g, h, now)
+	d := c.drained(g, h, now)
+	ok, ch, count := d.ok, d.channels, d.why
 	to, why := p.to, ""
 	if p.verb == events.OpNodeStandby {
 		to = c.best(g, now, h)
@@ -202,7 +242,11 @@ func (c *Core) considerPlanned(g *groupState, h string, now time.Time, frozen st
 			reason += "; " + to + " is the highest-priority eligible node"
 		}
 		p.to = to
-		moved := c.emitPlanned(g, p, events.PlannedMoved, reason, ch, out, hb)
+		causes := []ref{hb}
+		if d.calls != nil {
+			causes = append(causes, d.calls.ref)
+		}
+		moved := c.emitPlanned(g, p, events.PlannedMoved, reason, ch, d.holderCalls(), out, causes...)
 		g.planned = nil
 		who := p.operator
 		if p.reason != "" {
@@ -221,7 +265,7 @@ func (c *Core) considerPlanned(g *groupState, h string, now time.Time, frozen st
 		}
 		reason := fmt.Sprintf("%s, asked by %s at %s, gave up at the deadline %s: %s; nothing moved", p.what(g), p.operator,
 			p.since.UTC().Format(time.RFC3339), p.deadline.UTC().Format(time.RFC3339), because)
-		c.emitPlanned(g, p, events.PlannedGaveUp, reason, ch, out, hb)
+		c.emitPlanned(g, p, events.PlannedGaveUp, reason, ch, d.holderCalls(), out, hb)
 		g.situation, g.reason, g.human = "", "", false
 		if p.verb == events.OpNodeStandby {
 			p.gaveUp = true // the node stays in standby; leaveStandby must not move it at once
@@ -237,7 +281,7 @@ func (c *Core) considerPlanned(g *groupState, h string, now time.Time, frozen st
 		}
 		g.situation, g.reason, g.human = "planned-wait", reason, false
 		if p.lastReport.IsZero() || ((!sameCount(p.lastCount, ch) || p.lastReportedTo != to) && now.Sub(p.lastReport) >= waitingEvery) {
-			c.emitPlanned(g, p, events.PlannedWaiting, reason, ch, out, hb)
+			c.emitPlanned(g, p, events.PlannedWaiting, reason, ch, d.holderCalls(), out, hb)
 			p.lastReport, p.lastCount, p.lastReportedTo = now, cloneInt(ch), to
 		}
 	}
@@ -259,12 +303,14 @@ func (c *Core) endPlanned(g *groupState, stage events.PlannedStage, reason strin
 	if p.gaveUp && stage == events.PlannedOverridden {
 		return // its end was recorded when it gave up
 	}
-	c.emitPlanned(g, p, stage, reason, cloneInt(c.nodes[p.from].channels), out, causes...)
+	ch, calls := c.holderLoad(g, p.from, c.now)
+	c.emitPlanned(g, p, stage, reason, ch, calls, out, causes...)
 }
 
 // emitPlanned records a stage; the operator's action is always cited, and
 // first unless the stage has a more direct cause (a cancel's own action).
-func (c *Core) emitPlanned(g *groupState, p *planned, stage events.PlannedStage, reason string, ch *int, out *Output, more ...ref) ref {
+func (c *Core) emitPlanned(g *groupState, p *planned, stage events.PlannedStage, reason string, ch *int, calls *events.HolderCalls,
+	out *Output, more ...ref) ref {
 	causes := []ref{p.action}
 	if stage == events.PlannedCancelled && len(more) > 0 {
 		causes = []ref{more[0], p.action}
@@ -272,7 +318,7 @@ func (c *Core) emitPlanned(g *groupState, p *planned, stage events.PlannedStage,
 	}
 	causes = dedup(append(causes, more...))
 	id := c.cfg.NewID()
-	pm := events.PlannedMove{Group: g.cfg.Name, Stage: stage, PlannedFacts: p.facts(g, ch), Reason: reason, Trigger: c.trigger, Input: c.input, InputAudit: c.inputAudit, InputLive: c.inputLive}
+	pm := events.PlannedMove{Group: g.cfg.Name, Stage: stage, PlannedFacts: p.facts(g, ch, calls), Reason: reason, Trigger: c.trigger, Input: c.input, InputAudit: c.inputAudit, InputLive: c.inputLive}
 	for _, r := range causes {
 		pm.CausedBy = append(pm.CausedBy, r.id)
 	}

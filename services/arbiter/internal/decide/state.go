@@ -48,6 +48,8 @@ type GroupState struct {
 	Moves                []time.Time   `json:"moves,omitempty"`                  // restored: automatic moves in the last hour
 	Frozen               string        `json:"frozen,omitempty"`                 // informational: why no automatic move, if frozen
 	Planned              *PlannedState `json:"planned,omitempty"`                // restored: the operator's planned move
+	Pin                  *PinState     `json:"pin,omitempty"`                    // restored: the operator's pin (pin.go)
+	PinAsked             *PinAskState  `json:"pin_asked,omitempty"`              // restored: the pin of a switchover waiting to move
 	Nodes                []NodeStatus  `json:"nodes,omitempty"`                  // informational
 }
 
@@ -108,6 +110,7 @@ func (c *Core) Snapshot() State {
 		if p := g.planned; p != nil {
 			gs.Planned = p.state(c, g)
 		}
+		gs.Pin, gs.PinAsked = g.pinStates()
 		if p := g.permit; p != nil {
 			gs.Permit = &Permit{Window: p.window, ValidFrom: p.from, ValidUntil: p.until, EventID: p.cause.id}
 		}
@@ -166,6 +169,9 @@ func (c *Core) Restore(s State) error {
 				return fmt.Errorf("restore: group %s: %w", gs.Name, err)
 			}
 		}
+		if err := g.checkPins(gs); err != nil {
+			return fmt.Errorf("restore: group %s: %w", gs.Name, err)
+		}
 		if !slices.IsSortedFunc(gs.Moves, func(a, b time.Time) int { return a.Compare(b) }) {
 			return fmt.Errorf("restore: group %s: move history out of order", gs.Name)
 		}
@@ -203,6 +209,7 @@ func (c *Core) Restore(s State) error {
 		if gs.Planned != nil {
 			g.planned = gs.Planned.restore()
 		}
+		g.restorePins(gs)
 		g.permit = nil
 		if p := gs.Permit; p != nil && p.EventID != "" {
 			g.permit = &permit{window: p.Window, from: p.ValidFrom, until: p.ValidUntil, cause: ref{id: p.EventID}}

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log"
 	"log/slog"
+	"maps"
 	"math"
 	"net/http"
 	"net/netip"
@@ -46,6 +47,11 @@ type Lister func(ctx context.Context) ([]events.NodeRecord, error)
 // Config is the endpoint's settings, already validated.
 type Config struct {
 	Token string
+	// NodeTokens are tokens of one node each: a node listed here posts
+	// its heartbeats with its own token and with no other, and its token
+	// posts for no other node nor reads GET /api/servers. A PBX host
+	// that is broken into can then keep only itself looking heard.
+	NodeTokens map[string]string
 	// Nodes may post heartbeats; any other node name is refused (404). A
 	// node whose own prober heartbeats should not be listed: a cron job
 	// must not keep a node with a dead prober looking heard.
@@ -71,6 +77,8 @@ type Handler struct {
 	refused *prometheus.CounterVec
 	mu      sync.Mutex
 	seq     map[string]uint64
+	// tokenNodes are NodeTokens' nodes, in order.
+	tokenNodes []string
 }
 
 // New returns the handler.
@@ -88,7 +96,8 @@ func New(cfg Config, emit Emitter, list Lister, log *slog.Logger) *Handler {
 		cfg.MaxSources = DefaultMaxSources
 	}
 	h := &Handler{cfg: cfg, emit: emit, list: list, log: log, seq: map[string]uint64{},
-		limit: newLimiter(cfg.Rate, cfg.Burst, cfg.MaxSources, time.Now),
+		tokenNodes: slices.Sorted(maps.Keys(cfg.NodeTokens)),
+		limit:      newLimiter(cfg.Rate, cfg.Burst, cfg.MaxSources, time.Now),
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fan_httphb_refused_total",
 			Help: "Requests the HTTP heartbeat endpoint refused, by reason (unauthorized, rate_limited, tls, invalid, ...).",
@@ -190,8 +199,8 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.refuse(w, r, refusedMethod, http.StatusMethodNotAllowed, "use POST")
 			return
 		}
-		if h.authorized(w, r) {
-			h.heartbeat(w, r)
+		if who, ok := h.authorized(w, r); ok {
+			h.heartbeat(w, r, who)
 		}
 	case "/api/servers":
 		if r.Method != http.MethodGet {
@@ -199,7 +208,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			h.refuse(w, r, refusedMethod, http.StatusMethodNotAllowed, "use GET")
 			return
 		}
-		if h.authorized(w, r) {
+		if who, ok := h.authorized(w, r); ok {
+			if who != "" {
+				h.refuse(w, r, refusedUnauthorized, http.StatusUnauthorized, "node %s's token posts its heartbeats only", who)
+				return
+			}
 			h.servers(w, r)
 		}
 	default:
@@ -218,20 +231,36 @@ func bearer(header string) (string, bool) {
 	return strings.TrimSpace(tok), true
 }
 
-func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
+// authorized checks the bearer token and says whose it is: "" for the
+// shared token, a node's name for one of NodeTokens.
+func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) (string, bool) {
 	tok, ok := bearer(r.Header.Get("Authorization"))
 	// Compared as digests: ConstantTimeCompare returns at once on a length
-	// mismatch, which would tell a guesser the token's length.
-	got, want := sha256.Sum256([]byte(tok)), sha256.Sum256([]byte(h.cfg.Token))
-	if !ok || subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+	// mismatch, which would tell a guesser the token's length. Every token
+	// is compared, so the time taken does not tell which one matched.
+	got := sha256.Sum256([]byte(tok))
+	match := func(token string) bool {
+		want := sha256.Sum256([]byte(token))
+		return token != "" && subtle.ConstantTimeCompare(got[:], want[:]) == 1
+	}
+	who, found := "", false
+	if match(h.cfg.Token) {
+		found = true
+	}
+	for _, node := range h.tokenNodes {
+		if match(h.cfg.NodeTokens[node]) && !found {
+			who, found = node, true
+		}
+	}
+	if !ok || !found {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="fan"`)
 		h.refuse(w, r, refusedUnauthorized, http.StatusUnauthorized, "missing or wrong bearer token")
-		return false
+		return "", false
 	}
-	return true
+	return who, true
 }
 
-func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
+func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request, who string) {
 	if ct := r.Header.Get("Content-Type"); ct != "" && !strings.HasPrefix(ct, "application/json") {
 		h.refuse(w, r, refusedMediaType, http.StatusUnsupportedMediaType, "content type %q, want application/json", ct)
 		return
@@ -258,6 +287,12 @@ func (h *Handler) heartbeat(w http.ResponseWriter, r *http.Request) {
 	}
 	if !slices.Contains(h.cfg.Nodes, b.Node) {
 		h.refuse(w, r, refusedUnknownNode, http.StatusNotFound, "node %q may not post heartbeats here (http_heartbeat.nodes)", b.Node)
+		return
+	}
+	// A node with a token of its own posts with it alone; a node's token
+	// posts for that node alone.
+	if _, own := h.cfg.NodeTokens[b.Node]; (own || who != "") && who != b.Node {
+		h.refuse(w, r, refusedUnauthorized, http.StatusUnauthorized, "this token may not post node %q's heartbeats", b.Node)
 		return
 	}
 	hb, err := h.toEvent(b)

@@ -31,10 +31,21 @@ const (
 	KindHealth Kind = "health"
 	// KindNeedsHuman is told when the arbiter decided it cannot resolve the group alone.
 	KindNeedsHuman Kind = "needs_human"
+	// KindPin is told when an operator's pin of a group starts or ends
+	// (Stage started or ended; End how).
+	KindPin Kind = "pin"
+	// KindLeadersHold is told when an operator's hold of the raft leaders
+	// starts or ends; it is the cluster's (Group empty), so every hook that
+	// takes the kind hears it, whatever its groups.
+	KindLeadersHold Kind = "leaders_hold"
+	// KindPlanned is told at each stage of a planned move (a switchover or
+	// a standby waiting for calls to end): waiting, moved, gave_up,
+	// cancelled, overridden.
+	KindPlanned Kind = "planned"
 )
 
 // Kinds are every kind, the default of a hook's events.
-var Kinds = []Kind{KindHolderChange, KindHealth, KindNeedsHuman}
+var Kinds = []Kind{KindHolderChange, KindHealth, KindNeedsHuman, KindPin, KindLeadersHold, KindPlanned}
 
 // Event is what a hook is told: the JSON on a command's stdin and a
 // webhook's body, and the FAN_* variables of a command's environment.
@@ -69,6 +80,15 @@ type Event struct {
 	Health     events.Health `json:"health,omitempty"`
 	HealthFrom events.Health `json:"health_from,omitempty"`
 	Observer   string        `json:"observer,omitempty"`
+	// Pins, leaders holds and planned moves: the stage, how it ended (a
+	// pin, a hold), who asked, since and until when (a pin's or hold's
+	// end; a planned move's deadline), and the hold's NATS server.
+	Stage    string    `json:"stage,omitempty"`
+	End      string    `json:"end,omitempty"`
+	Operator string    `json:"operator,omitempty"`
+	Since    time.Time `json:"since,omitzero"`
+	Until    time.Time `json:"until,omitzero"`
+	Server   string    `json:"server,omitempty"`
 }
 
 // JSON is the event as hooks read it.
@@ -85,6 +105,12 @@ func (e Event) Env() []string {
 	if e.Epoch != 0 {
 		epoch = strconv.FormatUint(e.Epoch, 10)
 	}
+	stamp := func(t time.Time) string {
+		if t.IsZero() {
+			return ""
+		}
+		return t.UTC().Format(time.RFC3339Nano)
+	}
 	vars := [][2]string{
 		{"FAN_EVENT", string(e.Kind)}, {"FAN_EVENT_ID", e.ID}, {"FAN_TIME", e.Time.UTC().Format(time.RFC3339Nano)},
 		{"FAN_CLUSTER", e.Cluster}, {"FAN_GROUP", e.Group}, {"FAN_NODE", e.Node},
@@ -92,6 +118,8 @@ func (e Event) Env() []string {
 		{"FAN_REASON", e.Reason}, {"FAN_ACTION", string(e.Action)}, {"FAN_DECISION", e.Decision},
 		{"FAN_CHECK", e.Check}, {"FAN_HEALTH", string(e.Health)}, {"FAN_HEALTH_FROM", string(e.HealthFrom)},
 		{"FAN_OBSERVER", e.Observer},
+		{"FAN_STAGE", e.Stage}, {"FAN_END", e.End}, {"FAN_OPERATOR", e.Operator},
+		{"FAN_SINCE", stamp(e.Since)}, {"FAN_UNTIL", stamp(e.Until)}, {"FAN_SERVER", e.Server},
 	}
 	out := make([]string, len(vars))
 	for i, v := range vars {

@@ -31,14 +31,17 @@ type HealthSource struct{ Observer, Check string }
 
 // Subjects are what the notifier reads from the audit stream: decisions
 // (reasons, needs-human), the sourced copies of claims (previous holder,
-// term), executors' results (a claim applied is a holder change) and
-// health transitions.
+// term), executors' results (a claim applied is a holder change), health
+// transitions, pins, leaders holds and planned moves' stages.
 func Subjects(cluster string) []string {
 	return []string{
 		events.DecisionSubject(cluster, "*"),
 		events.CommandSubject(cluster, "*", events.VerbClaim),
 		events.AllCommandResults(cluster),
 		events.AllHealth(cluster),
+		events.PinSubject(cluster, "*"),
+		events.LeadersHoldSubject(cluster),
+		events.PlannedMoveSubject(cluster, "*"),
 	}
 }
 
@@ -132,6 +135,25 @@ func (m *Mapper) Map(env events.Envelope, p events.Payload) []Event {
 		return m.result(env, v)
 	case *events.HealthTransition:
 		return m.health(env, v)
+	case *events.GroupPin:
+		g := m.groups[v.Group]
+		if g == nil {
+			return nil
+		}
+		return []Event{{ID: env.ID, Kind: KindPin, Time: env.Time, Cluster: env.Cluster, Group: v.Group, Node: v.Node,
+			Holder: g.holder, Epoch: env.Epoch, Reason: v.Why, Stage: string(v.Stage), End: string(v.End), Operator: v.Operator,
+			Since: v.Since, Until: v.Until}}
+	case *events.LeadersHold:
+		return []Event{{ID: env.ID, Kind: KindLeadersHold, Time: env.Time, Cluster: env.Cluster, Epoch: env.Epoch, Reason: v.Why,
+			Stage: string(v.Stage), End: string(v.End), Operator: v.Operator, Since: v.Since, Until: v.Until, Server: v.Server}}
+	case *events.PlannedMove:
+		g := m.groups[v.Group]
+		if g == nil {
+			return nil
+		}
+		return []Event{{ID: env.ID, Kind: KindPlanned, Time: env.Time, Cluster: env.Cluster, Group: v.Group, Node: v.From,
+			Holder: g.holder, Epoch: env.Epoch, Reason: v.Reason, Stage: string(v.Stage), Operator: v.Operator,
+			Since: v.RequestedAt, Until: v.Deadline}}
 	}
 	return nil
 }

@@ -257,8 +257,10 @@ type hook struct {
 	wake  chan struct{}
 }
 
+// wants reports whether the hook takes ev: a cluster's event (Group
+// empty: a leaders hold) reaches it whatever its groups.
 func (h *hook) wants(ev Event) bool {
-	return (h.groups == nil || h.groups[ev.Group]) && (h.kinds == nil || h.kinds[ev.Kind])
+	return (h.groups == nil || ev.Group == "" || h.groups[ev.Group]) && (h.kinds == nil || h.kinds[ev.Kind])
 }
 
 // push queues ev, dropping (and returning) the oldest when full.

@@ -10,7 +10,7 @@
 // the core decide (events.ArbiterDecision.Trigger) and the last stored
 // event it had read (Input). The replay feeds the stored inputs the arbiter
 // reads (health transitions, heartbeats, command results, failback permits,
-// replication reports) in stream order and, at each recorded decision,
+// replication reports, calls summaries) in stream order and, at each recorded decision,
 // exactly up to its Input (from an arbiter's start, the inputs its watch
 // read: each stream from the first event stored at or after the start
 // announcement's time, Record.Stored); then it does what the arbiter did
@@ -81,6 +81,8 @@ type Decision struct {
 	At      time.Time
 	Epoch   uint64
 	Planned bool
+	// Pin marks a pin's start or end (pin.go).
+	Pin bool
 	events.ArbiterDecision
 }
 
@@ -88,7 +90,7 @@ type Decision struct {
 func planned(id string, at time.Time, epoch uint64, p events.PlannedMove) Decision {
 	return Decision{ID: id, At: at, Epoch: epoch, Planned: true, ArbiterDecision: events.ArbiterDecision{
 		Group: p.Group, Action: events.Action(p.Stage), From: p.From, To: p.To, Reason: p.Reason, CausedBy: p.CausedBy,
-		Trigger: p.Trigger, Input: p.Input, InputAudit: p.InputAudit, InputLive: p.InputLive}}
+		Trigger: p.Trigger, Input: p.Input, InputAudit: p.InputAudit, InputLive: p.InputLive, Calls: p.Calls}}
 }
 
 // Row is one decision, recorded, replayed or both.
@@ -247,11 +249,14 @@ func Run(cfg decide.Config, trail []Record, opts Options) (Report, error) {
 		switch p := r.Payload.(type) {
 		case *events.ClaimIP, *events.ReleaseIP:
 			e.cmds[r.Env.ID] = r
-		case *events.ArbiterDecision, *events.PlannedMove:
+		case *events.ArbiterDecision, *events.PlannedMove, *events.GroupPin:
 			d := Decision{ID: r.Env.ID, At: r.Env.Time, Epoch: r.Env.Epoch}
-			if pm, ok := p.(*events.PlannedMove); ok {
-				d = planned(r.Env.ID, r.Env.Time, r.Env.Epoch, *pm)
-			} else {
+			switch v := p.(type) {
+			case *events.PlannedMove:
+				d = planned(r.Env.ID, r.Env.Time, r.Env.Epoch, *v)
+			case *events.GroupPin:
+				d = pinned(r.Env.ID, r.Env.Time, r.Env.Epoch, *v)
+			default:
 				d.ArbiterDecision = *p.(*events.ArbiterDecision)
 			}
 			if i < start {
@@ -271,7 +276,8 @@ func Run(cfg decide.Config, trail []Record, opts Options) (Report, error) {
 				s.trigger = d.Trigger
 			}
 		case *events.OperatorAction:
-			if i < start || p.Stage == events.StageRequested {
+			// The leaders hold is the arbiter's steward's, not its core's.
+			if i < start || p.Stage == events.StageRequested || p.Verb.ForLeaders() {
 				continue
 			}
 			// The outcome's record comes first in its output, with the
@@ -299,7 +305,7 @@ func Run(cfg decide.Config, trail []Record, opts Options) (Report, error) {
 				continue
 			}
 			e.addInput(r)
-		case *events.HealthTransition, *events.NodeHeartbeat, *events.CommandResult, *events.ReplicationStatus:
+		case *events.HealthTransition, *events.NodeHeartbeat, *events.CommandResult, *events.ReplicationStatus, *events.CallsSummary:
 			if read(i) {
 				e.addInput(r)
 			}
@@ -345,7 +351,7 @@ func readFrom(trail []Record, since time.Time, start int) func(int) bool {
 	first := map[bool]int{} // live stream or not -> index of its first event read
 	for i, r := range trail {
 		switch r.Payload.(type) {
-		case *events.HealthTransition, *events.NodeHeartbeat, *events.CommandResult, *events.ReplicationStatus:
+		case *events.HealthTransition, *events.NodeHeartbeat, *events.CommandResult, *events.ReplicationStatus, *events.CallsSummary:
 		default:
 			continue // not an input: other streams, other clocks
 		}
@@ -532,7 +538,7 @@ func (e *engine) play(s *step) error {
 		a := s.action.Payload.(*events.OperatorAction)
 		req := decide.Request{ID: s.action.Env.ID, RequestedID: s.action.Env.CausationID, OperatorRequest: events.OperatorRequest{
 			Verb: a.Verb, Group: a.Group, Node: a.Node, Reason: a.Reason, Operator: a.Operator, Comment: a.Comment,
-			Drain: a.Drain, WithinMS: a.WithinMS, Cancel: a.Cancel}}
+			Drain: a.Drain, WithinMS: a.WithinMS, Cancel: a.Cancel, ForMS: a.ForMS, Until: a.Until}}
 		// Operate names the action by its recorded id; its decisions draw next.
 		var rep decide.Reply
 		rep, out = e.core.Operate(at, req)
@@ -593,6 +599,8 @@ func decisions(at time.Time, epoch uint64, out decide.Output) []Decision {
 			ds = append(ds, Decision{ID: em.ID, At: at, Epoch: epoch, ArbiterDecision: p})
 		case events.PlannedMove:
 			ds = append(ds, planned(em.ID, at, epoch, p))
+		case events.GroupPin:
+			ds = append(ds, pinned(em.ID, at, epoch, p))
 		}
 	}
 	return ds
@@ -612,7 +620,7 @@ func (e *engine) compare(s *step, at time.Time, out decide.Output) {
 	for _, rec := range s.recorded {
 		row := Row{At: rec.At, Group: rec.Group, Recorded: &rec}
 		for j, d := range replayed {
-			if !used[j] && d.Group == rec.Group && d.Planned == rec.Planned {
+			if !used[j] && d.Group == rec.Group && d.Planned == rec.Planned && d.Pin == rec.Pin {
 				used[j] = true
 				row.Replayed = &replayed[j]
 				row.Diffs, row.Timing = e.diff(rec, d, cmds)
@@ -642,6 +650,7 @@ func (e *engine) diff(rec, rep Decision, cmds map[string]events.Payload) (diffs,
 	field("to", rec.To, rep.To)
 	field("needs_human", rec.NeedsHuman, rep.NeedsHuman)
 	field("forced", rec.Forced, rep.Forced)
+	field("calls", callsOf(rec.Calls), callsOf(rep.Calls))
 	field("caused_by", rec.CausedBy, rep.CausedBy)
 	field("commands", rec.Commands, rep.Commands)
 	if rec.Reason != rep.Reason {
@@ -662,6 +671,16 @@ func (e *engine) diff(rec, rep Decision, cmds map[string]events.Payload) (diffs,
 		}
 	}
 	return diffs, timing
+}
+
+// callsOf renders the calls a decision says its move leaves: the
+// summary it cites and its counts.
+func callsOf(h *events.HolderCalls) string {
+	if h == nil {
+		return "none"
+	}
+	return fmt.Sprintf("%s of %s: %d calls (%d carriable, %d anchored, %d incomplete, %d unrecorded), %d channels (%d carried)",
+		h.Summary, h.Node, h.Calls, h.Carriable, h.Anchored, h.Incomplete, h.Unrecorded, h.Channels, h.CarriedChannels)
 }
 
 // describe renders what a command asks, without its deadline (the core's
@@ -775,6 +794,9 @@ func summary(d *Decision) string {
 	what := strings.ToUpper(string(d.Action))
 	if d.Planned {
 		what = "PLANNED MOVE " + what
+	}
+	if d.Pin {
+		what = "PIN " + strings.ToUpper(strings.TrimPrefix(string(d.Action), "pin_"))
 	}
 	s := fmt.Sprintf("%s %s->%s: %s [%s", what, d.From, d.To, d.Reason, d.Trigger)
 	if d.NeedsHuman {

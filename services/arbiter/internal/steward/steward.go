@@ -17,6 +17,25 @@
 // Only the arbiter replica holding the lease runs it, so that two replicas
 // never argue about a group, and each group is asked at most once per
 // MinGap so that a server that keeps refusing is not flooded.
+//
+// # Leaders holds
+//
+// Before work on a chosen server (a reboot of the witness) an operator
+// holds the leaders (fanctl leaders hold, events.LeadersHoldRecord): while
+// a hold is in force the steward moves no leader back to the chosen
+// servers; it moves them onto the hold's server when it names one, and
+// otherwise leaves them where they are. A hold ends at its end, when an
+// operator releases it, or when the steward breaks it: only when keeping it
+// would cost a failover, in one of two cases it can see (breakWhy):
+//   - the arbiter leader cannot store its state or its commands (Trouble
+//     says why): a decision could not be carried out, and a leader on a
+//     healthy chosen server may be what lets it be;
+//   - a raft group fan writes to (a stream, the executors' consumers, the
+//     meta group) has had no leader for BreakAfter, longer than any
+//     election takes: its leader's server is down and no election happens,
+//     so nothing it stores (the lease, a command, a result) is stored.
+//
+// It then sweeps at once with the chosen servers again.
 package steward
 
 import (
@@ -26,6 +45,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -45,6 +65,10 @@ const (
 	// was not heard within three raft heartbeats (3 s), which would move a
 	// leader between two servers that are both not chosen.
 	liveWithin = 2 * time.Second
+	// DefaultBreakAfter is how long a raft group may go without a leader
+	// during a hold before the steward ends the hold: more than
+	// nats-server's longest election (its timers run 4 to 9 s).
+	DefaultBreakAfter = 10 * time.Second
 )
 
 // metaGroup names the meta group in logs, metrics and rate limits.
@@ -66,6 +90,26 @@ type Config struct {
 	MinGap time.Duration
 	// Leading reports whether this replica may act now (it holds the lease).
 	Leading func() bool
+	// Hold reports the leaders hold in force (zero: none).
+	Hold func() Hold
+	// Trouble says why the arbiter leader cannot store its state or its
+	// commands now; "" while it can.
+	Trouble func() string
+	// Break ends the hold id because keeping it would cost a failover; why
+	// says which case. The steward acts as if the hold had ended from then
+	// on, whatever Hold still reports.
+	Break func(id, why string)
+	// BreakAfter is how long a raft group may have no leader during a
+	// hold before the steward breaks it (default DefaultBreakAfter).
+	BreakAfter time.Duration
+}
+
+// Hold is a leaders hold as the steward obeys it.
+type Hold struct {
+	// ID names the hold (its start's event id); empty: no hold.
+	ID string
+	// Server is where the leaders are kept meanwhile; empty: where they are.
+	Server string
 }
 
 // Steward moves raft leaders onto the chosen servers.
@@ -80,6 +124,12 @@ type Steward struct {
 	last   map[string]time.Time // group -> last request
 	moves  *prometheus.CounterVec
 	checks prometheus.Counter
+	// leaderless: the groups seen without a leader, since when (in an
+	// unbroken run of sweeps).
+	leaderless map[string]time.Time
+	// broken is the hold the steward broke: obeyed no more.
+	broken string
+	breaks prometheus.Counter
 }
 
 // New prepares a steward on the application account's connection nc and,
@@ -94,7 +144,24 @@ func New(cfg Config, nc *nats.Conn, js jetstream.JetStream, sys *nats.Conn, log 
 	if cfg.Leading == nil {
 		cfg.Leading = func() bool { return true }
 	}
+	if cfg.Hold == nil {
+		cfg.Hold = func() Hold { return Hold{} }
+	}
+	if cfg.Trouble == nil {
+		cfg.Trouble = func() string { return "" }
+	}
+	if cfg.Break == nil {
+		cfg.Break = func(string, string) {}
+	}
+	if cfg.BreakAfter <= 0 {
+		cfg.BreakAfter = DefaultBreakAfter
+	}
 	return &Steward{cfg: cfg, nc: nc, js: js, sys: sys, log: log.With("component", "steward"), last: map[string]time.Time{},
+		leaderless: map[string]time.Time{},
+		breaks: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "fan_arbiter_leaders_hold_breaks_total",
+			Help: "Leaders holds the steward ended early because keeping them would cost a failover.",
+		}),
 		moves: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fan_arbiter_leader_stepdowns_total",
 			Help: "Raft leader step-downs the arbiter asked for, by kind (stream, consumer, meta) and outcome (moved, refused).",
@@ -107,7 +174,7 @@ func New(cfg Config, nc *nats.Conn, js jetstream.JetStream, sys *nats.Conn, log 
 
 // Collectors are the steward's metrics, for the service's registry.
 func (s *Steward) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{s.moves, s.checks}
+	return []prometheus.Collector{s.moves, s.checks, s.breaks}
 }
 
 // Run keeps leaders in place until ctx ends. It does nothing without
@@ -154,6 +221,7 @@ func (s *Steward) Run(ctx context.Context) error {
 	defer poll.Stop()
 	var lastSweep time.Time
 	wasLeading := false
+	lastHold := Hold{}
 	for {
 		select {
 		case <-ctx.Done():
@@ -163,7 +231,18 @@ func (s *Steward) Run(ctx context.Context) error {
 			leading := s.cfg.Leading()
 			became := leading && !wasLeading
 			wasLeading = leading
-			if !became && time.Since(lastSweep) < s.cfg.SweepEvery {
+			// A hold that begins or ends is obeyed at once: a release must
+			// not leave the leaders where they are for another sweep.
+			hold := s.hold()
+			changed := hold != lastHold
+			lastHold = hold
+			if leading && hold.ID != "" {
+				if why := s.cfg.Trouble(); why != "" {
+					s.breakHold(hold, "the arbiter leader cannot store its state or its commands ("+why+")")
+					changed = true
+				}
+			}
+			if !became && !changed && time.Since(lastSweep) < s.cfg.SweepEvery {
 				continue
 			}
 		}
@@ -175,30 +254,93 @@ func (s *Steward) Run(ctx context.Context) error {
 	}
 }
 
-// Sweep checks every group once and asks those led from elsewhere to move.
-// It reports how many step-downs were accepted.
+// hold is the hold the steward obeys: the one in force, unless it broke it.
+func (s *Steward) hold() Hold {
+	h := s.cfg.Hold()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if h.ID != "" && h.ID == s.broken {
+		return Hold{}
+	}
+	return h
+}
+
+// breakHold ends h, once.
+func (s *Steward) breakHold(h Hold, why string) {
+	s.mu.Lock()
+	if s.broken == h.ID {
+		s.mu.Unlock()
+		return
+	}
+	s.broken = h.ID
+	s.mu.Unlock()
+	s.breaks.Inc()
+	s.log.Warn("leaders hold broken", "hold", h.ID, "why", why)
+	s.cfg.Break(h.ID, why)
+}
+
+// raftGroup is one group as a sweep found it.
+type raftGroup struct {
+	kind, name, subject string
+	ci                  *jetstream.ClusterInfo
+	// err says why its leader could not be read; nil with ci.Leader
+	// empty is an election under way.
+	err error
+}
+
+// Sweep checks every group once and asks those led from elsewhere to move
+// (during a hold, onto the hold's server only). It reports how many
+// step-downs were accepted.
 func (s *Steward) Sweep(ctx context.Context) int {
 	s.checks.Inc()
+	groups := s.groups(ctx)
+	now := time.Now()
+	s.track(groups, now)
+	preferred := s.cfg.LeaderServers
+	if h := s.hold(); h.ID != "" {
+		if why := s.breakWhy(now); why != "" {
+			s.breakHold(h, why)
+		} else {
+			preferred = nil
+			if h.Server != "" {
+				preferred = []string{h.Server}
+			}
+		}
+	}
 	moved := 0
+	for _, g := range groups {
+		if g.err == nil && s.check(ctx, g.kind, g.name, g.ci, g.subject, preferred) {
+			moved++
+		}
+	}
+	return moved
+}
+
+// groups reads the leader of every group: each stream, each replicated
+// consumer on it and, with the system account, the meta group.
+func (s *Steward) groups(ctx context.Context) []raftGroup {
+	var out []raftGroup
 	for _, name := range s.cfg.Streams {
 		ictx, cancel := context.WithTimeout(ctx, 2*time.Second)
 		st, err := s.js.Stream(ictx, name)
 		if err != nil {
 			cancel()
-			if !errors.Is(err, context.Canceled) {
+			switch {
+			case errors.Is(err, jetstream.ErrStreamNotFound):
+				// Not provisioned on this bus (an object store of a
+				// cluster without replicators): nothing to lead.
+			case errors.Is(err, context.Canceled):
+			default:
 				s.log.Debug("stream info unavailable", "stream", name, "err", err)
+				out = append(out, raftGroup{kind: "stream", name: name, err: err})
 			}
 			continue
 		}
-		if s.check(ctx, "stream", name, st.CachedInfo().Cluster, events.JSStreamLeaderStepDownSubject(name)) {
-			moved++
-		}
+		out = append(out, raftGroup{kind: "stream", name: name, ci: st.CachedInfo().Cluster, subject: events.JSStreamLeaderStepDownSubject(name)})
 		lister := st.ListConsumers(ictx)
 		for ci := range lister.Info() {
-			group := name + "/" + ci.Name
-			if s.check(ctx, "consumer", group, ci.Cluster, events.JSConsumerLeaderStepDownSubject(name, ci.Name)) {
-				moved++
-			}
+			out = append(out, raftGroup{kind: "consumer", name: name + "/" + ci.Name, ci: ci.Cluster,
+				subject: events.JSConsumerLeaderStepDownSubject(name, ci.Name)})
 		}
 		if err := lister.Err(); err != nil && !errors.Is(err, context.Canceled) {
 			s.log.Debug("consumer list incomplete", "stream", name, "err", err)
@@ -206,13 +348,90 @@ func (s *Steward) Sweep(ctx context.Context) int {
 		cancel()
 	}
 	if s.sys != nil {
-		if ci, err := s.metaCluster(ctx); err != nil {
+		ci, err := s.metaCluster(ctx)
+		if err != nil {
 			s.log.Debug("meta group info unavailable", "err", err)
-		} else if s.check(ctx, "meta", metaGroup, ci, events.JSMetaLeaderStepDownSubject) {
-			moved++
+		}
+		out = append(out, raftGroup{kind: "meta", name: metaGroup, ci: ci, subject: events.JSMetaLeaderStepDownSubject, err: err})
+	}
+	return out
+}
+
+// track notes which groups have no leader now, and since when. A group
+// whose leader could not be read while this replica's own connection was
+// down says nothing about the group.
+func (s *Steward) track(groups []raftGroup, now time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	seen := map[string]bool{}
+	for _, g := range groups {
+		key := g.kind + " " + g.name
+		seen[key] = true
+		switch leaderless := g.err != nil || g.ci == nil || g.ci.Leader == ""; {
+		case leaderless && g.err != nil && !s.nc.IsConnected():
+		case leaderless:
+			if _, ok := s.leaderless[key]; !ok {
+				s.leaderless[key] = now
+			}
+		default:
+			delete(s.leaderless, key)
 		}
 	}
-	return moved
+	for key := range s.leaderless {
+		if !seen[key] {
+			delete(s.leaderless, key)
+		}
+	}
+}
+
+// breakWhy says why the hold in force must end, or "": groups without a
+// leader for BreakAfter (the other case, Trouble, is checked on every
+// poll). It names the first of them, streams before consumers and the meta
+// group, the command stream (the lease, the commands) first of all.
+func (s *Steward) breakWhy(now time.Time) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var long []string
+	var longest time.Duration
+	for key, t := range s.leaderless {
+		if d := now.Sub(t); d >= s.cfg.BreakAfter {
+			long = append(long, key)
+			longest = max(longest, d)
+		}
+	}
+	if len(long) == 0 {
+		return ""
+	}
+	// The groups a server took with it lose their leader one by one, as
+	// each notices it has lost its majority: the first to have been without
+	// one for BreakAfter ends the hold, and the others without a leader yet
+	// are counted with it.
+	others := len(s.leaderless) - 1
+	rank := func(key string) string {
+		switch {
+		case key == "stream "+events.CommandsStream:
+			return "0"
+		case strings.HasPrefix(key, "stream "):
+			return "1" + key
+		case strings.HasPrefix(key, "consumer "):
+			return "2" + key
+		}
+		return "3" + key
+	}
+	slices.SortFunc(long, func(a, b string) int { return strings.Compare(rank(a), rank(b)) })
+	first := long[0]
+	if first == "meta "+metaGroup {
+		first = "the meta group"
+	}
+	more := ""
+	switch {
+	case others == 1:
+		more = " (and 1 other raft group without a leader now)"
+	case others > 1:
+		more = fmt.Sprintf(" (and %d other raft groups without a leader now)", others)
+	}
+	return fmt.Sprintf("%s%s has had no leader for %s, longer than an election takes: its leader's server is down and no election happens, "+
+		"so what it stores (the lease, commands, results) is not stored", first, more, longest.Round(time.Second))
 }
 
 // Target picks the server a group led by leader should move to: the most
@@ -233,9 +452,10 @@ func Target(preferred []string, ci *jetstream.ClusterInfo) string {
 	return ""
 }
 
-// check asks one group to move when Target says so, at most once per MinGap.
-func (s *Steward) check(ctx context.Context, kind, group string, ci *jetstream.ClusterInfo, subject string) bool {
-	to := Target(s.cfg.LeaderServers, ci)
+// check asks one group to move onto preferred when Target says so, at
+// most once per MinGap.
+func (s *Steward) check(ctx context.Context, kind, group string, ci *jetstream.ClusterInfo, subject string, preferred []string) bool {
+	to := Target(preferred, ci)
 	if to == "" {
 		return false
 	}

@@ -17,7 +17,13 @@
 // the same reload_delta rate limit as dispatcher.reload, and nothing in memory
 // survives a restart or reload anyway. ApplyList therefore rewrites the list
 // file atomically, with each node's desired state encoded in its flags
-// (4 = disabled, 8 = probing), and calls dispatcher.reload. The cost: a reload
+// (4 = disabled, 8 = probing), and calls dispatcher.reload. A weight is
+// written twice, as weight=N and rweight=N: the proxy shares calls by the
+// weights with algorithm 11 (relative weights: a node gets rweight / the sum
+// of the active nodes' rweights, recomputed when a node is disabled), which
+// reads rweight. Algorithm 9 reads weight as a percentage of 100 slots and
+// gives nothing to the nodes past the hundredth, so fan's 1..100 weights of
+// more than one node do not fit it. The cost: a reload
 // resets every destination to its file flags, so a node Kamailio had probed
 // down is offered calls again until the next probe fails
 // (ds_ping_interval × ds_probing_threshold), and reloads are rate-limited by
@@ -91,7 +97,8 @@ type Destination struct {
 	Flags    string // as Kamailio shows them: A/I/D/T then P (probing) or X
 	Priority int
 	Weight   int
-	Attrs    string // the raw attribute string, e.g. "duid=a;weight=50"
+	RWeight  int    // the relative weight (algorithm 11)
+	Attrs    string // the raw attribute string, e.g. "duid=a;weight=50;rweight=50"
 }
 
 // Disabled reports whether the destination is administratively disabled.
@@ -162,8 +169,9 @@ func (c *Client) List(ctx context.Context) ([]Destination, error) {
 						Flags    string `json:"FLAGS"`
 						Priority int    `json:"PRIORITY"`
 						Attrs    struct {
-							Body   *string `json:"BODY"`
-							Weight int     `json:"WEIGHT"`
+							Body    *string `json:"BODY"`
+							Weight  int     `json:"WEIGHT"`
+							RWeight int     `json:"RWEIGHT"`
 						} `json:"ATTRS"`
 					} `json:"DEST"`
 				} `json:"TARGETS"`
@@ -182,7 +190,7 @@ func (c *Client) List(ctx context.Context) ([]Destination, error) {
 	for _, r := range res.Records {
 		for _, t := range r.Set.Targets {
 			d := Destination{Set: r.Set.ID, URI: t.Dest.URI, Flags: t.Dest.Flags,
-				Priority: t.Dest.Priority, Weight: t.Dest.Attrs.Weight}
+				Priority: t.Dest.Priority, Weight: t.Dest.Attrs.Weight, RWeight: t.Dest.Attrs.RWeight}
 			if t.Dest.Attrs.Body != nil {
 				d.Attrs = *t.Dest.Attrs.Body
 			}
@@ -266,9 +274,9 @@ func (c *Client) confirm(ctx context.Context, desired map[string]State, entries 
 		switch {
 		case i < 0:
 			bad = append(bad, fmt.Sprintf("set %d %s missing", e.Set, e.URI))
-		case list[i].Priority != e.Priority || list[i].Weight != e.Weight:
-			bad = append(bad, fmt.Sprintf("set %d %s has priority %d weight %d, want %d %d",
-				e.Set, e.URI, list[i].Priority, list[i].Weight, e.Priority, e.Weight))
+		case list[i].Priority != e.Priority || list[i].Weight != e.Weight || list[i].RWeight != e.Weight:
+			bad = append(bad, fmt.Sprintf("set %d %s has priority %d weight %d rweight %d, want %d %d",
+				e.Set, e.URI, list[i].Priority, list[i].Weight, list[i].RWeight, e.Priority, e.Weight))
 		}
 	}
 	if len(bad) > 0 {
@@ -283,7 +291,7 @@ type Entry struct {
 	URI      string
 	State    State
 	Priority int
-	Weight   int    // written as weight=N; 0 leaves it out
+	Weight   int    // written as weight=N;rweight=N; 0 leaves both out
 	Attrs    string // further attributes, e.g. "duid=pbx-a"; must not contain weight
 }
 
@@ -307,7 +315,8 @@ func (e Entry) line() (string, error) {
 		attrs = append(attrs, e.Attrs)
 	}
 	if e.Weight > 0 {
-		attrs = append(attrs, "weight="+strconv.Itoa(e.Weight))
+		w := strconv.Itoa(e.Weight)
+		attrs = append(attrs, "weight="+w, "rweight="+w)
 	}
 	l := fmt.Sprintf("%d %s %d %d", e.Set, e.URI, flags, e.Priority)
 	if len(attrs) > 0 {

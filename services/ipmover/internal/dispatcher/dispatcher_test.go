@@ -232,7 +232,7 @@ func TestApplyList(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := fmt.Sprintf("1 %s 4 5 duid=a;weight=70\n", uriA); !strings.Contains(string(file), want) {
+	if want := fmt.Sprintf("1 %s 4 5 duid=a;weight=70;rweight=70\n", uriA); !strings.Contains(string(file), want) {
 		t.Fatalf("list file lacks %q:\n%s", want, file)
 	}
 

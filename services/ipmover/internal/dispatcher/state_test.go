@@ -32,7 +32,7 @@ func TestEntryLine(t *testing.T) {
 	}{
 		{Entry{Set: 1, URI: "sip:192.0.2.10:5060", State: Active}, "1 sip:192.0.2.10:5060 8 0"},
 		{Entry{Set: 2, URI: "sip:192.0.2.11", State: Disabled, Priority: 5, Weight: 70, Attrs: "duid=b"},
-			"2 sip:192.0.2.11 4 5 duid=b;weight=70"},
+			"2 sip:192.0.2.11 4 5 duid=b;weight=70;rweight=70"},
 	} {
 		got, err := tc.e.line()
 		if err != nil || got != tc.want {

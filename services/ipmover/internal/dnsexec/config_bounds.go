@@ -21,12 +21,17 @@ func (d *DNSConfig) validateBounds() error {
 		config.DurationOrZero("dns.ttl", d.TTL, time.Second, 24*time.Hour),
 		config.CountIn("dns.sites", len(d.Sites), 0, maxSites),
 		config.CountIn("dns.servers", len(d.Servers), 0, 16),
+		config.CountIn("dns.primaries", len(d.Primaries), 0, 16),
+		config.DurationOrZero("dns.resync", d.Resync, 100*time.Millisecond, time.Minute),
 	}
 	if d.Primary != "" {
 		errs = append(errs, config.HostPort("dns.primary", d.Primary, false))
 	}
 	for i, s := range d.Servers {
 		errs = append(errs, config.HostPort(fmt.Sprintf("dns.servers[%d]", i), s, false))
+	}
+	for i, s := range d.Primaries {
+		errs = append(errs, config.HostPort(fmt.Sprintf("dns.primaries[%d]", i), s, false))
 	}
 	// An HMAC key is base64 as tsig-keygen prints it; anything else fails
 	// every signed UPDATE at the worst moment, a failover.

@@ -1,7 +1,9 @@
 // Package dnsexec is the DNS executor (executor: dns): under the command
 // contract (package execute) it moves one DNS name between sites, each an
-// arbiter node, by signed dynamic UPDATEs to the name's primary, verified
-// on every authoritative server.
+// arbiter node, by signed dynamic UPDATEs: to the name's primary, verified
+// on every authoritative server (dns.primary), or to one primary per site,
+// each updated, verified and kept in line on its own (dns.primaries,
+// primaries.go).
 package dnsexec
 
 import (
@@ -65,6 +67,10 @@ type DNSConfig struct {
 	// Group is the arbiter group whose claims move the name.
 	Group            string `yaml:"group"`
 	dnsupdate.Config `yaml:",inline"`
+	// Resync, with Primaries, is how often every primary is read and one
+	// that serves another site's records than the last claim's is brought
+	// in line (default 1s).
+	Resync time.Duration `yaml:"resync"`
 }
 
 // validate checks the section; the updater's own checks (which repeat the
@@ -78,6 +84,11 @@ func (d *DNSConfig) validate(boundsOK bool) error {
 		if err := events.ValidToken("site", site); err != nil {
 			errs = append(errs, &config.FieldError{Key: "dns.sites", Err: fmt.Errorf("a site is an arbiter node name: %w", err)})
 		}
+	}
+	if d.Resync != 0 && len(d.Primaries) == 0 {
+		// A key that does nothing is refused: its writer believes the
+		// name is kept in line by it.
+		errs = append(errs, config.Errf("dns.resync", "only with dns.primaries (one primary per site); one primary is kept by its own zone transfers"))
 	}
 	if boundsOK {
 		if _, err := dnsupdate.New(d.Config, slog.New(slog.DiscardHandler)); err != nil {
@@ -130,6 +141,9 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 // one in hand; Serve then stores the last results and closes the bus.
 // Nothing is released on stop: the name stays where the arbiter last put it.
 func (s *Service) Run(ctx context.Context) error {
+	if len(s.cfg.DNS.Primaries) > 0 {
+		return s.runPrimaries(ctx)
+	}
 	x, err := newDNSExecutor(s.cfg, s.log)
 	if err != nil {
 		return err
@@ -156,11 +170,16 @@ func (s *Service) Run(ctx context.Context) error {
 
 // Admit implements execute.Executor: only this name's group, only its sites.
 func (x *dnsExecutor) Admit(cmd events.Command) ([]string, error) {
-	group, node := cmd.Target()
-	if group != x.group {
-		return nil, fmt.Errorf("group %s is not moved by this dns executor (it serves %s): %w", group, x.group, execute.ErrNotAllowed)
+	return admit(cmd, x.group, x.sites)
+}
+
+// admit is both modes' Admit.
+func admit(cmd events.Command, group string, sites map[string]dnsupdate.Values) ([]string, error) {
+	g, node := cmd.Target()
+	if g != group {
+		return nil, fmt.Errorf("group %s is not moved by this dns executor (it serves %s): %w", g, group, execute.ErrNotAllowed)
 	}
-	if !x.hasSite(node) {
+	if _, ok := sites[node]; !ok {
 		return nil, fmt.Errorf("site %s is not one of this dns executor's sites: %w", node, execute.ErrNotAllowed)
 	}
 	return nil, nil

@@ -22,6 +22,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -54,6 +55,10 @@ var (
 	// ErrNotAuthoritative: a verification answer lacked the AA bit, so it may
 	// come from a cache and proves nothing.
 	ErrNotAuthoritative = errors.New("dnsupdate: answer is not authoritative")
+	// ErrBadAnswer: a server answered a query with an error rcode
+	// (SERVFAIL while the zone does not load, REFUSED for a zone it does
+	// not serve): it is up, but tells nothing about the name.
+	ErrBadAnswer = errors.New("dnsupdate: server answered with an error")
 )
 
 // StaleError is returned (wrapping ErrStale) when the prerequisite failed.
@@ -104,7 +109,12 @@ type Config struct {
 	// Servers are the authoritative servers (host:port) to verify on;
 	// default: only Primary.
 	Servers []string `yaml:"servers"`
-	Key     Key      `yaml:"key"`
+	// Primaries, instead of Primary and Servers, are several primaries of
+	// the zone that do not transfer it to each other (one per site): each
+	// is updated on its own, with its own compare-and-swap (MoveOn), and
+	// verified on itself.
+	Primaries []string `yaml:"primaries"`
+	Key       Key      `yaml:"key"`
 
 	Timeout        time.Duration `yaml:"timeout"`         // per DNS exchange; default 3s
 	VerifyTimeout  time.Duration `yaml:"verify_timeout"`  // update to verified on every server; default 10s
@@ -117,7 +127,7 @@ func (c *Config) setDefaults() {
 	if c.TTL == 0 {
 		c.TTL = 30 * time.Second
 	}
-	if len(c.Servers) == 0 {
+	if len(c.Servers) == 0 && c.Primary != "" {
 		c.Servers = []string{c.Primary}
 	}
 	if c.Key.Algorithm == "" {
@@ -149,8 +159,18 @@ func (c *Config) setDefaults() {
 
 func (c *Config) validate() error {
 	var errs []error
-	if c.Primary == "" {
-		errs = append(errs, errors.New("primary is required"))
+	switch {
+	case c.Primary == "" && len(c.Primaries) == 0:
+		errs = append(errs, errors.New("primary (or primaries, one per site) is required"))
+	case c.Primary != "" && len(c.Primaries) > 0:
+		errs = append(errs, errors.New("primary and primaries exclude each other: one primary (with servers to verify on), or one primary per site"))
+	case len(c.Primaries) > 0 && len(c.Servers) > 0:
+		errs = append(errs, errors.New("servers is for one primary's secondaries; with primaries, each primary is verified on itself"))
+	}
+	for i, p := range c.Primaries {
+		if slices.Contains(c.Primaries[:i], p) {
+			errs = append(errs, fmt.Errorf("primaries: %s is listed twice", p))
+		}
 	}
 	if c.Key.Name == "." || c.Key.Secret == "" {
 		errs = append(errs, errors.New("key name and secret are required"))
@@ -263,7 +283,8 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 	}
 	log := u.log.With("zone", u.cfg.Zone, "name", u.cfg.Name, "from_site", spec.From, "to_site", spec.To)
 
-	before, err := u.serial(ctx, u.cfg.Primary)
+	primary := u.oneShot(u.cfg.Primary)
+	before, err := u.serial(ctx, primary)
 	if err != nil {
 		return Result{}, fmt.Errorf("dnsupdate swap %s->%s: reading serial before: %w", spec.From, spec.To, err)
 	}
@@ -271,7 +292,7 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 
 	sent := time.Now()
 	res.Sent = sent
-	rcode, err := u.send(ctx, u.updateMsg(from, to))
+	rcode, err := u.send(ctx, primary, u.updateMsg(from, to))
 	res.UpdateRTT = time.Since(sent)
 	if err != nil {
 		return res, fmt.Errorf("dnsupdate swap %s->%s: %w", spec.From, spec.To, err)
@@ -280,7 +301,7 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 	case dns.RcodeSuccess:
 	case dns.RcodeNXRrset, dns.RcodeYXRrset:
 		se := &StaleError{Rcode: dns.RcodeToString[rcode]}
-		se.Current, se.Serial, se.ReadErr = u.read(ctx, u.cfg.Primary)
+		se.Current, se.Serial, se.ReadErr = u.read(ctx, primary)
 		se.AlreadyApplied = se.ReadErr == nil && se.Current.Equal(to)
 		log.Warn("dns swap prerequisite failed", "rcode", se.Rcode, "current", se.Current.String(),
 			"serial", se.Serial, "already_applied", se.AlreadyApplied)
@@ -312,7 +333,7 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 
 // Current reads the managed records and the SOA serial from the primary.
 func (u *Updater) Current(ctx context.Context) (Values, uint32, error) {
-	v, serial, err := u.read(ctx, u.cfg.Primary)
+	v, serial, err := u.read(ctx, u.oneShot(u.cfg.Primary))
 	if err != nil {
 		return Values{}, 0, fmt.Errorf("dnsupdate: reading %s from %s: %w", u.cfg.Name, u.cfg.Primary, err)
 	}
@@ -358,18 +379,15 @@ func (u *Updater) owner(t string) string {
 	return u.cfg.Name
 }
 
-// send delivers a signed UPDATE and returns the primary's rcode, after making
-// sure the reply is signed with our key. The one exception is NOTAUTH: named
-// answers a bad key or signature unsigned, since it cannot sign with a key it
-// does not share.
-func (u *Updater) send(ctx context.Context, m *dns.Msg) (int, error) {
-	ctx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
-	defer cancel()
-	c := &dns.Client{Net: "tcp", Timeout: u.cfg.Timeout,
-		TsigSecret: map[string]string{u.cfg.Key.Name: u.cfg.Key.Secret}}
-	r, _, err := c.ExchangeContext(ctx, m, u.cfg.Primary)
+// send delivers a signed UPDATE to server (a primary) and returns its rcode,
+// after making sure the reply is signed with our key. The one exception is
+// NOTAUTH: named answers a bad key or signature unsigned, since it cannot
+// sign with a key it does not share.
+func (u *Updater) send(ctx context.Context, ex exchanger, m *dns.Msg) (int, error) {
+	server := ex.server()
+	r, err := ex.exchange(ctx, m)
 	if r == nil {
-		return 0, fmt.Errorf("sending update to %s: %w", u.cfg.Primary, err)
+		return 0, fmt.Errorf("sending update to %s: %w", server, err)
 	}
 	if r.Rcode == dns.RcodeNotAuth {
 		return r.Rcode, nil
@@ -377,29 +395,27 @@ func (u *Updater) send(ctx context.Context, m *dns.Msg) (int, error) {
 	if err != nil {
 		// The client verifies a TSIG that is present; a bad one lands here.
 		return 0, fmt.Errorf("reply from %s (%s) failed TSIG verification: %w: %w",
-			u.cfg.Primary, dns.RcodeToString[r.Rcode], ErrUnsigned, err)
+			server, dns.RcodeToString[r.Rcode], ErrUnsigned, err)
 	}
 	if r.IsTsig() == nil {
-		return 0, fmt.Errorf("reply from %s (%s): %w", u.cfg.Primary, dns.RcodeToString[r.Rcode], ErrUnsigned)
+		return 0, fmt.Errorf("reply from %s (%s): %w", server, dns.RcodeToString[r.Rcode], ErrUnsigned)
 	}
 	return r.Rcode, nil
 }
 
 // query asks server directly, without recursion, and insists on an
 // authoritative answer: a cached one proves nothing about the zone.
-func (u *Updater) query(ctx context.Context, server, name string, qtype uint16) (*dns.Msg, error) {
-	ctx, cancel := context.WithTimeout(ctx, u.cfg.Timeout)
-	defer cancel()
+func (u *Updater) query(ctx context.Context, ex exchanger, name string, qtype uint16) (*dns.Msg, error) {
+	server := ex.server()
 	m := new(dns.Msg)
 	m.SetQuestion(name, qtype)
 	m.RecursionDesired = false
-	c := &dns.Client{Net: "tcp", Timeout: u.cfg.Timeout}
-	r, _, err := c.ExchangeContext(ctx, m, server)
+	r, err := ex.exchange(ctx, m)
 	if err != nil {
 		return nil, fmt.Errorf("query %s %s at %s: %w", name, dns.TypeToString[qtype], server, err)
 	}
 	if r.Rcode != dns.RcodeSuccess && r.Rcode != dns.RcodeNameError {
-		return nil, fmt.Errorf("query %s %s at %s: rcode %s", name, dns.TypeToString[qtype], server, dns.RcodeToString[r.Rcode])
+		return nil, fmt.Errorf("query %s %s at %s: %w: rcode %s", name, dns.TypeToString[qtype], server, ErrBadAnswer, dns.RcodeToString[r.Rcode])
 	}
 	if !r.Authoritative {
 		return nil, fmt.Errorf("query %s %s at %s: %w", name, dns.TypeToString[qtype], server, ErrNotAuthoritative)
@@ -407,8 +423,8 @@ func (u *Updater) query(ctx context.Context, server, name string, qtype uint16) 
 	return r, nil
 }
 
-func (u *Updater) serial(ctx context.Context, server string) (uint32, error) {
-	r, err := u.query(ctx, server, u.cfg.Zone, dns.TypeSOA)
+func (u *Updater) serial(ctx context.Context, ex exchanger) (uint32, error) {
+	r, err := u.query(ctx, ex, u.cfg.Zone, dns.TypeSOA)
 	if err != nil {
 		return 0, err
 	}
@@ -417,19 +433,19 @@ func (u *Updater) serial(ctx context.Context, server string) (uint32, error) {
 			return soa.Serial, nil
 		}
 	}
-	return 0, fmt.Errorf("no SOA for %s at %s", u.cfg.Zone, server)
+	return 0, fmt.Errorf("%w: no SOA for %s at %s", ErrBadAnswer, u.cfg.Zone, ex.server())
 }
 
 // read returns the managed RRsets and the serial as server serves them.
-func (u *Updater) read(ctx context.Context, server string) (Values, uint32, error) {
-	v, serial, _, err := u.observe(ctx, server)
+func (u *Updater) read(ctx context.Context, ex exchanger) (Values, uint32, error) {
+	v, serial, _, err := u.observe(ctx, ex)
 	return v, serial, err
 }
 
 // observe is read plus whether every served RR has the configured TTL. The
 // serial is read first, so it is never newer than the records read after it.
-func (u *Updater) observe(ctx context.Context, server string) (Values, uint32, bool, error) {
-	serial, err := u.serial(ctx, server)
+func (u *Updater) observe(ctx context.Context, ex exchanger) (Values, uint32, bool, error) {
+	serial, err := u.serial(ctx, ex)
 	if err != nil {
 		return Values{}, 0, false, err
 	}
@@ -438,7 +454,7 @@ func (u *Updater) observe(ctx context.Context, server string) (Values, uint32, b
 	ttl := uint32(u.cfg.TTL / time.Second)
 	for _, t := range u.cfg.Types {
 		owner := u.owner(t)
-		r, err := u.query(ctx, server, owner, typeCode(t))
+		r, err := u.query(ctx, ex, owner, typeCode(t))
 		if err != nil {
 			return Values{}, 0, false, err
 		}
@@ -460,23 +476,25 @@ func (u *Updater) verify(ctx context.Context, want Values, before uint32, sent t
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			out[i] = u.verifyOne(ctx, server, want, before, sent)
+			out[i] = u.verifyOne(ctx, u.oneShot(server), want, before, true, sent)
 		}()
 	}
 	wg.Wait()
 	return out
 }
 
-func (u *Updater) verifyOne(ctx context.Context, server string, want Values, before uint32, sent time.Time) ServerResult {
-	res := ServerResult{Server: server}
+// verifyOne polls one server; newer asks for a serial after before (a
+// secondary shows the change only with the transfer that brings it).
+func (u *Updater) verifyOne(ctx context.Context, ex exchanger, want Values, before uint32, newer bool, sent time.Time) ServerResult {
+	res := ServerResult{Server: ex.server()}
 	tick := time.NewTicker(u.cfg.VerifyInterval)
 	defer tick.Stop()
 	for {
-		v, serial, ttlOK, err := u.observe(ctx, server)
+		v, serial, ttlOK, err := u.observe(ctx, ex)
 		res.Elapsed, res.Err = time.Since(sent), err
 		if err == nil {
 			res.Values, res.Serial = v, serial
-			if serialAfter(serial, before) && ttlOK && v.Equal(want) {
+			if (!newer || serialAfter(serial, before)) && ttlOK && v.Equal(want) {
 				res.Verified = true
 				return res
 			}

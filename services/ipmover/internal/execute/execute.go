@@ -120,6 +120,8 @@ type Timeline struct {
 	received time.Time
 	steps    []events.Step
 	observe  func(string, time.Duration)
+	calls    *events.CallsAdoption
+	dns      []events.DNSServerState
 }
 
 func newTimeline(received time.Time, observe func(string, time.Duration)) *Timeline {
@@ -137,6 +139,14 @@ func (t *Timeline) At(name string, at time.Time) {
 
 // Steps returns the steps so far.
 func (t *Timeline) Steps() []events.Step { return t.steps }
+
+// SetCalls records what a claim did with its group's calls in progress,
+// for the command's result (events.CommandResult.Calls).
+func (t *Timeline) SetCalls(c events.CallsAdoption) { t.calls = &c }
+
+// SetDNS records what each authoritative server serves after a DNS
+// executor's command, for the command's result (events.CommandResult.DNS).
+func (t *Timeline) SetDNS(states []events.DNSServerState) { t.dns = states }
 
 // Reason labels of Config.Refused.
 const (
@@ -163,7 +173,8 @@ func (c *Contract) Handle(ctx context.Context, env events.Envelope, cmd events.C
 	if resNode == "" {
 		resNode = node
 	}
-	res := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: resNode, Group: group, Outcome: outcome, Steps: tl.steps}
+	res := events.CommandResult{CommandID: env.ID, CommandType: env.Type, Node: resNode, Group: group, Outcome: outcome, Steps: tl.steps,
+		Calls: tl.calls, DNS: tl.dns}
 	if err != nil {
 		res.Error = err.Error()
 		log.Warn("command not applied", "outcome", outcome, "err", err)

@@ -39,6 +39,7 @@ type Config struct {
 	Conflict        ConflictConfig  `yaml:"conflict"`
 	BusLoss         BusLossConfig   `yaml:"bus_loss"`
 	Gateway         GatewayConfig   `yaml:"gateway"`
+	Calls           CallsConfig     `yaml:"calls"`
 }
 
 // GroupConfig is one group the node may hold.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/services/ipmover/internal/keeper"
 )
 
 // Ranges of the ipmover's keys (README "Configuration"). Zero means the
@@ -29,6 +30,8 @@ func (c *Config) validateBounds() error {
 		config.DurationOrZero("verify.timeout", v.Timeout.D(), 100*time.Millisecond, time.Minute),
 		config.DurationOrZero("verify.every", v.Every.D(), 10*time.Millisecond, 10*time.Second),
 		config.IntIn("verify.port", v.Port, 0, 65535),
+		config.IntIn("calls.sip_port", c.Calls.SIPPort, 0, 65535),
+		config.DurationOrZero("calls.keep_for", c.Calls.KeepFor.D(), keeper.MinKeepFor, keeper.MaxKeepFor),
 		// Negative disables probing and the release wait (README).
 		config.DurationIn("claim.probe_wait", cl.ProbeWait.D(), -1<<62, 5*time.Second),
 		config.DurationIn("claim.release_wait", cl.ReleaseWait.D(), -1<<62, 10*time.Second),

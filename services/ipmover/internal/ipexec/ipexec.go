@@ -34,6 +34,7 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 	"github.com/fanpbx/fan/services/ipmover/internal/gateway"
+	"github.com/fanpbx/fan/services/ipmover/internal/keeper"
 	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
 	"github.com/fanpbx/fan/services/ipmover/internal/sysctl"
 	"github.com/fanpbx/fan/services/ipmover/internal/vip"
@@ -59,14 +60,32 @@ type Service struct {
 	answerer answer.Answerer
 	m        *metrics
 
+	// keeper keeps the dialogs of the calls adopted at claims (calls.keep);
+	// nil when calls are not kept. The calls bucket is opened on first use.
+	keeper      *keeper.Keeper
+	callsMu     sync.Mutex
+	callsBucket jetstream.KeyValue
+	openCalls   func(context.Context) (jetstream.KeyValue, error)
+	// callsReadGate, when set (tests), holds every read of call records
+	// until it is closed: a bus slower than the claim.
+	callsReadGate <-chan struct{}
+	// left names the groups where this node left kept records at a
+	// release, since when; leftSwept when each was last looked at.
+	leftMu    sync.Mutex
+	left      map[string]time.Time
+	leftSwept map[string]time.Time
+
 	pub      publisher
 	watch    func(context.Context, bus.WatchOptions, bus.EventHandler) error // the audit stream, for release results
 	kv       conflict.ReadKey
 	listKeys func(context.Context) ([]string, error) // group status keys
-	bg       sync.WaitGroup                          // event publications in flight
+	bg       sync.WaitGroup                          // event publications and adoptions in flight
 	conds    *daemon.Conditions
 	// resyncRetry wakes runResyncRetries after an incomplete re-sync.
 	resyncRetry chan string
+	// bgCtx ends the background work (reads of call records) at stop.
+	bgCtx          context.Context
+	stopBackground context.CancelFunc
 
 	// act serialises changes of what is held (commands, conflict yields,
 	// bus-loss release, re-sync); mu guards the maps.
@@ -88,8 +107,9 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 	if err != nil {
 		al = &allow.List{} // Validate refuses such a file; allow nothing
 	}
+	bgCtx, stop := context.WithCancel(context.Background())
 	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, ns: netns.None(), allow: al,
-		claims: map[string]conflict.Claim{}, groups: map[string][]netip.Prefix{}}
+		claims: map[string]conflict.Claim{}, groups: map[string][]netip.Prefix{}, bgCtx: bgCtx, stopBackground: stop}
 }
 
 // open prepares everything that touches the node, before the bus: a
@@ -156,6 +176,11 @@ func (s *Service) open() (_ func(), err error) {
 	case events.AnswerRestart:
 		s.answerer.Restart = &answer.Systemctl{Path: s.cfg.Answer.Systemctl, Unit: s.cfg.Answer.Unit}
 	}
+	closeKeeper, err := s.openKeeper()
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, closeKeeper)
 	s.m = newMetrics(s.link)
 	watchCtx, stopWatch := context.WithCancel(context.Background())
 	closers = append(closers, stopWatch)
@@ -178,7 +203,11 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	defer closeAll()
 	return daemon.Serve(ctx, s.cfg.Common, "ipmover", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		for _, c := range s.m.all {
+		collectors := s.m.all
+		if s.keeper != nil {
+			collectors = append(collectors, s.keeper.Metrics().Collectors()...)
+		}
+		for _, c := range collectors {
 			if err := rt.Metrics.Register(c); err != nil {
 				return fmt.Errorf("ipmover metrics: %w", err)
 			}
@@ -187,6 +216,7 @@ func (s *Service) Run(ctx context.Context) error {
 		// audit stream stores them, without holding up the next command.
 		s.pub = rt.Outbox
 		s.watch = rt.Bus.Watch
+		s.openCalls = rt.Bus.CallsKV
 		s.conds = rt.Conditions
 		s.conds.Declare(condResyncIncomplete)
 		s.resyncRetry = make(chan string, 1)
@@ -278,6 +308,9 @@ func (s *Service) Run(ctx context.Context) error {
 			})
 		}
 		g.Go("resync_retries", func(ctx context.Context) error { s.runResyncRetries(ctx); return nil })
+		if s.keeper != nil {
+			g.Go("calls_handover", func(ctx context.Context) error { s.runHandover(ctx); return nil })
+		}
 		s.m.busContact.Set(1)
 		g.Go("bus_loss", func(ctx context.Context) error {
 			busloss.Run(ctx, busloss.Config{
@@ -317,6 +350,12 @@ func (s *Service) Run(ctx context.Context) error {
 			} else {
 				s.log.Info("released all floating addresses on stop")
 			}
+			s.stopBackground()
+			if s.keeper != nil {
+				// The kept records stay for the next holder; the deletes of
+				// calls that ended are written while the bus is up.
+				s.keeper.Close(sctx)
+			}
 			s.bg.Wait()
 			return nil
 		})
@@ -347,6 +386,9 @@ func (s *Service) releaseAll(ctx context.Context) error {
 	for g := range s.claims {
 		delete(s.claims, g)
 		s.m.holder.WithLabelValues(g).Set(0)
+		if s.keeper != nil && s.keeper.Release(g) > 0 {
+			s.noteLeft(g)
+		}
 	}
 	s.mu.Unlock()
 	return err

@@ -16,6 +16,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/replicator/internal/astdb"
+	"github.com/fanpbx/fan/services/replicator/internal/calls"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
@@ -60,6 +61,36 @@ type AstDBConfig struct {
 	} `yaml:"ami"`
 }
 
+// AMIConfig is an AMI login to this node's Asterisk.
+type AMIConfig struct {
+	Address  string `yaml:"address"`
+	Username string `yaml:"username"`
+	Secret   string `yaml:"secret"`
+}
+
+// CallsConfig is the recorder of calls in progress (internal/calls).
+type CallsConfig struct {
+	// Enabled (default: on when the file gives an AMI login, calls.ami or
+	// astdb.ami) records the calls this node's Asterisk has up while it
+	// holds the group.
+	Enabled *bool `yaml:"enabled"`
+	// AMI defaults to astdb.ami; the recorder logs in on a session of its
+	// own either way.
+	AMI AMIConfig `yaml:"ami"`
+	// ReconcileInterval is how often every channel and every call's media
+	// are read again.
+	ReconcileInterval config.Duration `yaml:"reconcile_interval"`
+	// SummaryInterval is how often the calls summary is restated.
+	SummaryInterval config.Duration `yaml:"summary_interval"`
+	// EventBuffer is how many call events wait to be read before the next
+	// is dropped (and a reconcile made).
+	EventBuffer int `yaml:"event_buffer"`
+	// OrphanGrace is how long a call a planned move left on this node that
+	// no other node keeps stays up before its channels are hung up
+	// (calls.DefaultOrphanGrace when zero).
+	OrphanGrace config.Duration `yaml:"orphan_grace"`
+}
+
 // SafetyConfig is the valve against mass deletion.
 type SafetyConfig struct {
 	MaxDeleteShare float64 `yaml:"max_delete_share"`
@@ -73,6 +104,7 @@ type Config struct {
 	StateDir      string          `yaml:"state_dir"`
 	Trees         []TreeConfig    `yaml:"trees"`
 	AstDB         AstDBConfig     `yaml:"astdb"`
+	Calls         CallsConfig     `yaml:"calls"`
 	Debounce      config.Duration `yaml:"debounce"`
 	ScanInterval  config.Duration `yaml:"scan_interval"`
 	Workers       int             `yaml:"workers"`
@@ -271,7 +303,40 @@ func (c *Config) Validate() error {
 			errs = append(errs, config.Errf("astdb.ami", "address, username and secret are required"))
 		}
 	}
+	errs = append(errs, c.validateCalls())
 	return config.Join(errs...)
+}
+
+// validateCalls fills the recorder's defaults: on with an AMI login, the
+// registrations' login unless it has its own.
+func (c *Config) validateCalls() error {
+	k := &c.Calls
+	if k.AMI == (AMIConfig{}) && c.AstDB.Enabled {
+		k.AMI = AMIConfig(c.AstDB.AMI)
+	}
+	if k.Enabled == nil {
+		on := k.AMI.Address != ""
+		k.Enabled = &on
+	}
+	if !*k.Enabled {
+		return nil
+	}
+	if k.ReconcileInterval == 0 {
+		k.ReconcileInterval = config.Duration(calls.DefaultReconcile)
+	}
+	if k.SummaryInterval == 0 {
+		k.SummaryInterval = config.Duration(calls.DefaultSummaryEvery)
+	}
+	if k.EventBuffer == 0 {
+		k.EventBuffer = 8192
+	}
+	if k.OrphanGrace == 0 {
+		k.OrphanGrace = config.Duration(calls.DefaultOrphanGrace)
+	}
+	if k.AMI.Address == "" || k.AMI.Username == "" || k.AMI.Secret == "" {
+		return config.Errf("calls.ami", "address, username and secret are required (or astdb.ami, which it defaults to)")
+	}
+	return nil
 }
 
 // Service is a running replicator.
@@ -363,10 +428,30 @@ func (s *Service) Run(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("replicator: %w", err)
 		}
-		// One actor, the engine (it stops its trees' workers itself): it
-		// stops at its turn (daemon.Group), then Serve stores the last
-		// reports (the outbox) and closes the bus.
+		// The engine (it stops its trees' workers itself) and the
+		// recorder of calls: each stops at its turn (daemon.Group), then
+		// Serve stores the last reports (the outbox) and closes the bus.
 		g, _ := daemon.NewGroup(ctx)
+		if *s.cfg.Calls.Enabled {
+			k := s.cfg.Calls
+			// A session of its own: the call events have a queue apart
+			// from the registrations', and Getvar reads never wait
+			// behind a registration's DBGet.
+			sess := ami.NewSession(ami.Config{Addr: k.AMI.Address, Username: k.AMI.Username, Secret: k.AMI.Secret,
+				Events: true, EventMask: calls.EventMask, EventNames: calls.EventNames(), EventBuffer: k.EventBuffer},
+				s.log.With("component", "ami-calls"))
+			defer sess.Close()
+			rec := calls.New(calls.Config{Cluster: s.cfg.Cluster, Group: s.cfg.Group, Node: s.cfg.Node, AMI: sess, Events: sess,
+				Reconcile: k.ReconcileInterval.D(), SummaryEvery: k.SummaryInterval.D(), OrphanGrace: k.OrphanGrace.D(),
+				Publish: func(sum events.CallsSummary) {
+					// A summary still waiting for the bus is superseded by
+					// the next one.
+					if _, err := rt.Outbox.Post("calls-summary", sum); err != nil && ctx.Err() == nil {
+						s.log.Warn("publish calls summary failed", "err", err)
+					}
+				}}, rt.Bus, rt.Metrics, s.log)
+			g.Go("calls", rec.Run)
+		}
 		g.Go("engine", eng.Run)
 		return g.Wait()
 	})

@@ -37,5 +37,15 @@ func TestConfigBounds(t *testing.T) {
 		{Key: "astdb.reconcile_interval", Value: "2h"},
 		{Key: "astdb.event_buffer", Value: -1},
 		{Key: "astdb.ami.address", Value: "127.0.0.1:99999"},
+		{Key: "calls.reconcile_interval", Value: "1s"},
+		{Key: "calls.reconcile_interval", Value: "2h"},
+		{Key: "calls.summary_interval", Value: "10ms"},
+		{Key: "calls.summary_interval", Value: "2m"},
+		{Key: "calls.event_buffer", Value: -1},
+		{Key: "calls.event_buffer", Value: 1 << 21},
+		{Key: "calls.orphan_grace", Value: "-1s"},
+		{Key: "calls.orphan_grace", Value: "30s"},
+		{Key: "calls.orphan_grace", Value: "2h"},
+		{Key: "calls.ami.address", Value: "127.0.0.1:99999"},
 	}...))
 }

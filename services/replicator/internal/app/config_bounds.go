@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/services/replicator/internal/calls"
 )
 
 // Ranges of the replicator's timing and count keys (README
@@ -24,6 +25,10 @@ func (c *Config) validateBounds() error {
 		config.DurationOrZero("astdb.interval", c.AstDB.Interval.D(), 100*time.Millisecond, time.Hour),
 		config.DurationOrZero("astdb.reconcile_interval", c.AstDB.ReconcileInterval.D(), 5*time.Second, time.Hour),
 		config.IntIn("astdb.event_buffer", c.AstDB.EventBuffer, 0, 1<<20),
+		config.DurationOrZero("calls.reconcile_interval", c.Calls.ReconcileInterval.D(), 5*time.Second, time.Hour),
+		config.DurationOrZero("calls.summary_interval", c.Calls.SummaryInterval.D(), 100*time.Millisecond, time.Minute),
+		config.IntIn("calls.event_buffer", c.Calls.EventBuffer, 0, 1<<20),
+		config.DurationOrZero("calls.orphan_grace", c.Calls.OrphanGrace.D(), calls.MinOrphanGrace, calls.MaxOrphanGrace),
 		config.CountIn("trees", len(c.Trees), 0, maxTrees),
 		config.CountIn("astdb.families", len(c.AstDB.Families), 0, maxFamilies),
 		config.IntIn("store_pass_mib", c.StorePassMiB, 0, 1<<20),
@@ -36,6 +41,9 @@ func (c *Config) validateBounds() error {
 	}
 	if c.AstDB.AMI.Address != "" {
 		errs = append(errs, config.HostPort("astdb.ami.address", c.AstDB.AMI.Address, false))
+	}
+	if c.Calls.AMI.Address != "" && c.Calls.AMI.Address != c.AstDB.AMI.Address {
+		errs = append(errs, config.HostPort("calls.ami.address", c.Calls.AMI.Address, false))
 	}
 	return config.Join(errs...)
 }

@@ -6,8 +6,10 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/services/replicator/internal/calls"
 )
 
 const base = "cluster: lab\nnode: n1\nbus:\n  url: nats://127.0.0.1:4222\ngroup: pbx\n"
@@ -88,5 +90,42 @@ func TestTreeRootsRefused(t *testing.T) {
 	if c.Trees[0].AllowOutsideSymlinks || c.Trees[0].PreserveOwner || c.Trees[0].PreserveSpecialBits ||
 		!c.Trees[2].AllowOutsideSymlinks || !c.Trees[2].PreserveOwner || !c.Trees[2].PreserveSpecialBits {
 		t.Fatalf("policy keys: %+v", c.Trees)
+	}
+}
+
+// The recorder of calls is on wherever the file gives an AMI login, with
+// the registrations' unless it has its own, and off otherwise or when
+// turned off.
+func TestCallsDefaults(t *testing.T) {
+	const ami = "astdb:\n  enabled: true\n  ami: {address: \"127.0.0.1:5038\", username: fan, secret: s}\n"
+	for name, tc := range map[string]struct {
+		body    string
+		enabled bool
+		user    string
+	}{
+		"no AMI at all":          {"", false, ""},
+		"the registrations'":     {ami, true, "fan"},
+		"turned off":             {ami + "calls:\n  enabled: false\n", false, "fan"},
+		"a login of its own":     {"calls:\n  ami: {address: \"127.0.0.1:5038\", username: rec, secret: s}\n", true, "rec"},
+		"its own beside astdb's": {ami + "calls:\n  ami: {address: \"127.0.0.1:5038\", username: rec, secret: s}\n", true, "rec"},
+	} {
+		var c Config
+		if err := config.Parse("t", []byte(base+tc.body), &c); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if *c.Calls.Enabled != tc.enabled || (tc.enabled && c.Calls.AMI.Username != tc.user) {
+			t.Errorf("%s: enabled %v with %+v", name, *c.Calls.Enabled, c.Calls.AMI)
+		}
+		if tc.enabled && (c.Calls.ReconcileInterval.D() != 30*time.Second || c.Calls.SummaryInterval.D() != 2*time.Second || c.Calls.EventBuffer != 8192 || c.Calls.OrphanGrace.D() != calls.DefaultOrphanGrace) {
+			t.Errorf("%s: defaults %+v", name, c.Calls)
+		}
+	}
+	var og Config
+	if err := config.Parse("t", []byte(base+ami+"calls:\n  orphan_grace: 10m\n"), &og); err != nil || og.Calls.OrphanGrace.D() != 10*time.Minute {
+		t.Errorf("calls.orphan_grace 10m: %v, %v", og.Calls.OrphanGrace.D(), err)
+	}
+	var c Config
+	if err := config.Parse("t", []byte(base+"calls:\n  enabled: true\n"), &c); err == nil || !strings.Contains(err.Error(), "calls.ami") {
+		t.Errorf("on without a login: %v", err)
 	}
 }

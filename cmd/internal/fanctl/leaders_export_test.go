@@ -1,0 +1,4 @@
+package fanctl
+
+// ParseUntil exposes the reading of --until to the tests.
+var ParseUntil = parseUntil
