@@ -342,6 +342,36 @@ func (p *Peer) hangupLone(ch *channel) {
 	p.raiseCall(evs...)
 }
 
+// SetLoneChannels makes the peer have n channels in no call of its own
+// (a channel in an application: an IVR, a queue, voicemail), adding or
+// ending them with Asterisk's Newchannel and Hangup events. Every reader
+// of the peer then sees the same channels: `core show channels count`
+// (the prober's), CoreShowChannels and the events (the replicator's).
+func (p *Peer) SetLoneChannels(n int) {
+	p.mu.Lock()
+	var lone []*channel
+	for _, ch := range p.book.channels {
+		if ch.call == nil {
+			lone = append(lone, ch)
+		}
+	}
+	var evs [][]Field
+	for len(lone) < n {
+		ch := p.newChannelLocked("lab-app", "s")
+		ch.state, ch.app, ch.appData = stateUp, "Wait", "3600"
+		evs = append(evs, p.channelEventLocked("Newchannel", ch))
+		lone = append(lone, ch)
+	}
+	for len(lone) > n {
+		ch := lone[len(lone)-1]
+		lone = lone[:len(lone)-1]
+		evs = append(evs, append(p.channelEventLocked("Hangup", ch), hangupCause(16, "")...))
+		p.dropChannelLocked(ch)
+	}
+	p.mu.Unlock()
+	p.raiseCall(evs...)
+}
+
 // HungUpByAMI is an answered call ended by an AMI Hangup of its channel
 // name (either of the two): the events Asterisk 22 raised (testdata/asterisk22/
 // hangup-events.txt: no HangupRequest, the soft hang-up of the channel

@@ -129,13 +129,16 @@ func ExecControl(p *Peer, args []string) (string, error) {
 			}
 			nums = append(nums, n)
 		}
-		f := p.Status().Figures
-		f.Channels, f.Calls = nums[0], nums[1]
+		// The channels are channels the peer has (SetLoneChannels), not
+		// only a count: the replicator lists them as the prober counts them.
+		f := p.setFigures()
+		f.Channels, f.Calls = 0, nums[1]
 		if len(nums) == 3 {
 			f.Processed = nums[2]
 		}
 		p.SetFigures(f)
-		return fmt.Sprintf("ok channels %d calls %d processed %d\n", f.Channels, f.Calls, f.Processed), nil
+		p.SetLoneChannels(nums[0])
+		return fmt.Sprintf("ok channels %d calls %d processed %d\n", nums[0], f.Calls, f.Processed), nil
 	case "actions":
 		var b strings.Builder
 		enc := json.NewEncoder(&b)

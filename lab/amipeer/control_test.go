@@ -42,6 +42,15 @@ func TestControlSocket(t *testing.T) {
 	if out := ctl("channels", "5", "2"); out != "ok channels 5 calls 2 processed 0\n" {
 		t.Errorf("ctl channels: %q", out)
 	}
+	// The channels are the peer's own, in its channel list as in its count.
+	countChannels := func() (listed, counted int) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.book.channels), p.liveFiguresLocked().Channels
+	}
+	if listed, counted := countChannels(); listed != 5 || counted != 5 {
+		t.Errorf("after ctl channels 5: %d channels listed, %d counted", listed, counted)
+	}
 
 	r := dialRaw(t, p.Addr())
 	r.login()
@@ -51,6 +60,12 @@ func TestControlSocket(t *testing.T) {
 	}
 	if st.Mode != ModeSlow || st.Figures.Channels != 5 || st.Figures.Calls != 2 || st.Sessions != 1 || st.Addr != p.Addr() || st.SlowDelay != "250ms" {
 		t.Errorf("status: %+v", st)
+	}
+	if out := ctl("channels", "1", "0"); out != "ok channels 1 calls 0 processed 0\n" {
+		t.Errorf("ctl channels: %q", out)
+	}
+	if listed, counted := countChannels(); listed != 1 || counted != 1 {
+		t.Errorf("after ctl channels 1: %d channels listed, %d counted", listed, counted)
 	}
 	lines := strings.Split(strings.TrimSpace(ctl("actions")), "\n")
 	var a Action

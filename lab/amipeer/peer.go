@@ -256,7 +256,8 @@ func (p *Peer) SetSlowDelay(d time.Duration) {
 	p.slow = d
 }
 
-// SetFigures sets what `core show channels count` and CoreStatus report.
+// SetFigures sets what `core show channels count` and CoreStatus report
+// beyond the peer's own channels and calls.
 func (p *Peer) SetFigures(f Figures) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -265,21 +266,30 @@ func (p *Peer) SetFigures(f Figures) {
 
 // Status is a snapshot of the peer for the control socket and tests.
 type Status struct {
-	Addr      string  `json:"addr"`
-	Mode      Mode    `json:"mode"`
-	SlowDelay string  `json:"slow_delay"`
-	Figures   Figures `json:"figures"`
-	Sessions  int     `json:"sessions"`
-	Actions   int     `json:"actions"`
-	DBKeys    int     `json:"db_keys"`
+	Addr      string `json:"addr"`
+	Mode      Mode   `json:"mode"`
+	SlowDelay string `json:"slow_delay"`
+	// Figures are what the peer reports now: its own channels and calls
+	// and those SetFigures adds.
+	Figures  Figures `json:"figures"`
+	Sessions int     `json:"sessions"`
+	Actions  int     `json:"actions"`
+	DBKeys   int     `json:"db_keys"`
 }
 
 // Status returns a snapshot of the peer's state.
 func (p *Peer) Status() Status {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return Status{Addr: p.addr, Mode: p.mode, SlowDelay: p.slow.String(), Figures: p.figures,
+	return Status{Addr: p.addr, Mode: p.mode, SlowDelay: p.slow.String(), Figures: p.liveFiguresLocked(),
 		Sessions: len(p.sessions), Actions: len(p.actions), DBKeys: len(p.db)}
+}
+
+// setFigures is what SetFigures last set.
+func (p *Peer) setFigures() Figures {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.figures
 }
 
 // Sessions is the number of open TCP sessions (logged in or not).
