@@ -6,8 +6,8 @@
 #   make bench-failover  fan and keepalived side by side in namespaces (CYCLES=30, FLAP=5m)
 #   make bench-trail     bytes fan writes to its audit and live streams per PBX node per day (TRAIL=2m, root)
 #   make bench-scale     the arbiter and fan-nats under 1,000 simulated nodes: CPU, memory, transition-to-command p50/p99 (NODES=1000, SCALE_WINDOW=60s)
-#   make bench-prober    the prober's CPU for 200 checks at 200 ms (PROBER_WINDOW=10s)
-#   make bench-sync      the replicator against rsync and a plain checked copy: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible
+#   make bench-prober    the prober's CPU for 200 checks at 200 ms against the floor and a process per check (PROBER_WINDOW=10s)
+#   make bench-sync      the replicator against rsync (local, and -az over SSH as root) and a plain checked copy: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible
 #   make bench-registrations  registrations from the holder to the standby: 200 OK to the standby's AstDB, costs, mass churn, reach after a crash (PHONES=2000, root; FAN_ASTERISK=dir for a real Asterisk 22)
 #   make bench-calls     calls up when the holder's PBX is killed, fan and keepalived: survived, audio gap, hang-ups carried, orphaned legs (CALLS_DIRECT=10 CALLS_ANCHORED=2 CALL_CYCLES=3, root; FAN_ASTERISK=dir for a real Asterisk 22)
 #   make chaos           randomized faults against the invariants (DURATION=10m); exits non-zero on a breach
@@ -192,15 +192,21 @@ bench-calls: build
 		-calls-anchored $(CALLS_ANCHORED) -calls-hold $(CALLS_HOLD) -topology $(TOPOLOGY) $(if $(FAN_ASTERISK),-asterisk $(FAN_ASTERISK))
 
 # The prober's own cost: the real binary, 200 checks at 200 ms against
-# local peers, CPU share of one core over PROBER_WINDOW (see the prober's
-# README, "Cost").
+# local peers, CPU share of one core over PROBER_WINDOW, against two
+# references running the same checks at the same rate (lab/probefloor): the
+# floor, the probes' socket work alone, and a process per check as
+# keepalived's vrrp_script runs them; then each kind alone (see the
+# prober's README, "Cost").
 PROBER_WINDOW ?= 10s
 bench-prober:
 	cd services/prober && go test -run '^$$' -bench Prober200 -benchtime 1x ./internal/app -args -prober.window=$(PROBER_WINDOW)
 
 # The replicator against local rsync on the same data, in the same run
 # (see the replicator's README, "Performance"; root drops the page cache
-# first). SYNC_FILES and SYNC_BYTES size the tree; the initial sync's
+# first). As root, with OpenSSH installed (not in DEB_PACKAGES: only this
+# benchmark needs it; apt-get install openssh-server openssh-client rsync),
+# it also times rsync -az --delete over SSH between two network namespaces,
+# with an sshd and keys made for the run and removed after it. SYNC_FILES and SYNC_BYTES size the tree; the initial sync's
 # figures are the medians of SYNC_RUNS alternated runs of both tools.
 SYNC_FILES ?= 10000
 SYNC_BYTES ?= 1073741824

@@ -147,11 +147,11 @@ func Explain(cs []Cycle, evs []stack.Event, lastBeacon func(node string, before 
 				}
 				for _, s := range r.Steps {
 					switch s.Name {
-					case "received":
+					case events.StepReceived:
 						p.Received = ms(s.At.Sub(cy.At))
-					case "recorded":
+					case events.StepRecorded:
 						p.Recorded = ms(s.At.Sub(cy.At))
-					case "first_announcement_sent":
+					case events.StepAnnounced:
 						p.Announced = ms(s.At.Sub(cy.At))
 					}
 				}

@@ -37,7 +37,7 @@ func ifMAC(ctx context.Context, ns, dev string) (string, error) {
 		Address string `json:"address"`
 	}
 	if err := json.Unmarshal(out, &links); err != nil || len(links) != 1 {
-		return "", fmt.Errorf("ip -n %s link show %s: unexpected output %q: %v", ns, dev, out, err)
+		return "", fmt.Errorf("netlab: ip -n %s link show %s: unexpected output %q: %v", ns, dev, out, err)
 	}
 	return strings.ToLower(links[0].Address), nil
 }

@@ -26,7 +26,7 @@ func (l *Lab) Do(host string, fn func() error) error {
 	}
 	target, err := netns.GetFromPath(filepath.Join(netnsDir, h.NS))
 	if err != nil {
-		return fmt.Errorf("netlab do on %s: open netns %s: %w", host, h.NS, err)
+		return fmt.Errorf("do on %s: open netns %s: %w", host, h.NS, err)
 	}
 	defer target.Close()
 	// fn's own error comes back as it is.
@@ -49,13 +49,13 @@ func InNamespace(target netns.NsHandle, fn func() error) error {
 		orig, err := netns.Get()
 		if err != nil {
 			runtime.UnlockOSThread()
-			res <- result{err: fmt.Errorf("netlab: current netns: %w", err)}
+			res <- result{err: fmt.Errorf("current netns: %w", err)}
 			return
 		}
 		defer orig.Close()
 		if err := netns.Set(target); err != nil {
 			runtime.UnlockOSThread()
-			res <- result{err: fmt.Errorf("netlab: enter netns: %w", err)}
+			res <- result{err: fmt.Errorf("enter netns: %w", err)}
 			return
 		}
 		var r result
@@ -69,7 +69,7 @@ func InNamespace(target netns.NsHandle, fn func() error) error {
 		}()
 		if err := netns.Set(orig); err != nil {
 			// Returning while still locked makes the runtime terminate this thread.
-			res <- result{err: fmt.Errorf("netlab: restore netns: %w (fn: %v)", err, r.err)}
+			res <- result{err: fmt.Errorf("restore netns: %w (fn: %v)", err, r.err)}
 			return
 		}
 		runtime.UnlockOSThread()

@@ -59,7 +59,7 @@ func (l *Lab) KillAll(host string) (int, error) {
 		select {
 		case <-p.Done():
 		case <-reaped.C:
-			return n, fmt.Errorf("netlab %s: kill all on %s: %s not reaped within 3s", l.prefix, host, p.Name)
+			return n, fmt.Errorf("netlab: %s: kill all on %s: %s not reaped within 3s", l.prefix, host, p.Name)
 		}
 	}
 	return n, nil
@@ -126,7 +126,7 @@ func killInNS(ns string, timeout time.Duration) (int, error) {
 			return len(killed), nil
 		}
 		if time.Now().After(deadline) {
-			return len(killed), fmt.Errorf("kill in %s: still alive after %v: %v", ns, timeout, pids)
+			return len(killed), fmt.Errorf("netlab: kill in %s: still alive after %v: %v", ns, timeout, pids)
 		}
 		for _, pid := range pids {
 			if err := syscall.Kill(pid, syscall.SIGKILL); err == nil {

@@ -37,7 +37,7 @@ func (l *Lab) StartKamailio(host, nodeName, listenIP string) (*Proc, error) {
 // UDP socket is bound.
 func (l *Lab) StartKamailioOn(host, nodeName string, listenIPs []string) (*Proc, error) {
 	if len(listenIPs) == 0 {
-		return nil, fmt.Errorf("netlab kamailio on %s: no listen address", host)
+		return nil, fmt.Errorf("netlab: kamailio on %s: no listen address", host)
 	}
 	return l.startKamailio(host, nodeName, listenIPs, true)
 }
@@ -48,14 +48,14 @@ func (l *Lab) startKamailio(host, nodeName string, listenIPs []string, tcp bool)
 		return nil, err
 	}
 	if !nodeNameRE.MatchString(nodeName) {
-		return nil, fmt.Errorf("netlab kamailio on %s: node name %q must match %s", host, nodeName, nodeNameRE)
+		return nil, fmt.Errorf("netlab: kamailio on %s: node name %q must match %s", host, nodeName, nodeNameRE)
 	}
 	var ips []netip.Addr
 	var listen strings.Builder
 	for _, s := range listenIPs {
 		ip, err := netip.ParseAddr(s)
 		if err != nil || !ip.Is4() || !allowedAddr(ip) {
-			return nil, fmt.Errorf("netlab kamailio on %s: listen IP %q must be an IPv4 test-network address", host, s)
+			return nil, fmt.Errorf("netlab: kamailio on %s: listen IP %q must be an IPv4 test-network address", host, s)
 		}
 		ips = append(ips, ip)
 		fmt.Fprintf(&listen, "listen=udp:%s:%d\n", ip, SIPPort)
@@ -68,21 +68,21 @@ func (l *Lab) startKamailio(host, nodeName string, listenIPs []string, tcp bool)
 	}
 	dir, err := os.MkdirTemp(l.dir, "kamailio-"+host+"-")
 	if err != nil {
-		return nil, fmt.Errorf("netlab kamailio on %s: %w", host, err)
+		return nil, fmt.Errorf("kamailio on %s: %w", host, err)
 	}
 	cfg := filepath.Join(dir, "kamailio.cfg")
 	if err := os.WriteFile(cfg, []byte(kamailio.NodeConfig(strings.TrimSuffix(listen.String(), "\n"), nodeName)), 0o644); err != nil {
-		return nil, fmt.Errorf("netlab kamailio on %s: write config: %w", host, err)
+		return nil, fmt.Errorf("kamailio on %s: write config: %w", host, err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	// Checked inside the namespace because the check resolves the listen address.
 	if _, err := l.Exec(ctx, host, "kamailio", "-c", "-f", cfg); err != nil {
-		return nil, fmt.Errorf("netlab kamailio on %s: config check: %w", host, err)
+		return nil, fmt.Errorf("kamailio on %s: config check: %w", host, err)
 	}
 	run := filepath.Join(dir, "run")
 	if err := os.Mkdir(run, 0o755); err != nil {
-		return nil, fmt.Errorf("netlab kamailio on %s: %w", host, err)
+		return nil, fmt.Errorf("kamailio on %s: %w", host, err)
 	}
 	argv := []string{"kamailio", "-f", cfg, "-DD", "-E", "-Y", run, "-P", filepath.Join(run, "kamailio.pid"), "-m", "32", "-M", "8"}
 	p, err := l.Start(host, "kamailio", argv, nil)
@@ -105,11 +105,11 @@ func (l *Lab) startKamailio(host, nodeName string, listenIPs []string, tcp bool)
 			return p, nil
 		}
 		if p.Exited() {
-			return nil, fmt.Errorf("netlab kamailio on %s: exited before binding (%v): %s", host, p.Wait(), p.Tail(2048))
+			return nil, fmt.Errorf("netlab: kamailio on %s: exited before binding (%v): %s", host, p.Wait(), p.Tail(2048))
 		}
 		if time.Now().After(deadline) {
 			_ = p.Kill()
-			return nil, fmt.Errorf("netlab kamailio on %s: udp %v:%d not bound after %v: %s", host, listenIPs, SIPPort, KamailioReadyTimeout, p.Tail(2048))
+			return nil, fmt.Errorf("netlab: kamailio on %s: udp %v:%d not bound after %v: %s", host, listenIPs, SIPPort, KamailioReadyTimeout, p.Tail(2048))
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

@@ -219,7 +219,7 @@ func Build(ctx context.Context, spec Spec) (*Lab, error) {
 		if cerr := l.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleanup after failed build: %w", cerr))
 		}
-		return nil, fmt.Errorf("netlab build %s: %w", l.prefix, err)
+		return nil, fmt.Errorf("build %s: %w", l.prefix, err)
 	}
 	l.log.Info("netlab: built", "hosts", len(l.hosts), "dir", l.dir, "took", time.Since(start))
 	return l, nil
@@ -296,7 +296,7 @@ func normalise(spec *Spec) ([]hostPlan, error) {
 		seenAddr[s.Addr.Addr()] = true
 		if s.MAC != "" {
 			if _, err := net.ParseMAC(s.MAC); err != nil {
-				return nil, fmt.Errorf("netlab: host %s MAC: %w", s.Name, err)
+				return nil, fmt.Errorf("host %s MAC: %w", s.Name, err)
 			}
 		}
 	}
@@ -312,7 +312,7 @@ func (l *Lab) claim(prefix, parent string) error {
 		if p == "" {
 			var b [2]byte
 			if _, err := rand.Read(b[:]); err != nil {
-				return fmt.Errorf("netlab: random prefix: %w", err)
+				return fmt.Errorf("random prefix: %w", err)
 			}
 			p = "fan" + hex.EncodeToString(b[:])
 		}
@@ -324,7 +324,7 @@ func (l *Lab) claim(prefix, parent string) error {
 		}
 		dir, err := os.MkdirTemp(parent, p+"-")
 		if err != nil {
-			return fmt.Errorf("netlab: temp dir: %w", err)
+			return fmt.Errorf("temp dir: %w", err)
 		}
 		err = writeMarker(p, dir)
 		if errors.Is(err, os.ErrExist) {
@@ -479,7 +479,7 @@ func (l *Lab) MAC(host string) string {
 func (l *Lab) host(name string) (*Host, error) {
 	h, ok := l.byName[name]
 	if !ok {
-		return nil, fmt.Errorf("netlab %s: no host %q", l.prefix, name)
+		return nil, fmt.Errorf("netlab: %s: no host %q", l.prefix, name)
 	}
 	return h, nil
 }
@@ -500,7 +500,7 @@ func (l *Lab) addr(ctx context.Context, verb, host string, p netip.Prefix) error
 		return err
 	}
 	if !p.IsValid() || !allowedAddr(p.Addr()) {
-		return fmt.Errorf("netlab %s: address %s is outside the test networks", l.prefix, p)
+		return fmt.Errorf("netlab: %s: address %s is outside the test networks", l.prefix, p)
 	}
 	_, err = runIP(ctx, "-n", h.NS, "addr", verb, p.String(), "dev", hostIf)
 	return err
@@ -560,7 +560,7 @@ func (l *Lab) teardown() error {
 	}
 	err := errors.Join(errs...)
 	if err != nil {
-		err = fmt.Errorf("netlab close %s: %w", l.prefix, err)
+		err = fmt.Errorf("close %s: %w", l.prefix, err)
 	}
 	l.log.Info("netlab: closed", "took", time.Since(start), "err", err)
 	return err

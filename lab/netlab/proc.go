@@ -43,17 +43,17 @@ func (l *Lab) Start(host, name string, argv []string, env []string) (*Proc, erro
 		return nil, err
 	}
 	if len(argv) == 0 {
-		return nil, fmt.Errorf("netlab %s: start %s on %s: empty argv", l.prefix, name, host)
+		return nil, fmt.Errorf("netlab: %s: start %s on %s: empty argv", l.prefix, name, host)
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.closed {
-		return nil, fmt.Errorf("netlab %s: start %s on %s: lab closed", l.prefix, name, host)
+		return nil, fmt.Errorf("netlab: %s: start %s on %s: lab closed", l.prefix, name, host)
 	}
 	logPath := filepath.Join(l.dir, fmt.Sprintf("%s-%s-%d.log", host, procNameRE.ReplaceAllString(name, "_"), len(l.procs)))
 	logf, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
-		return nil, fmt.Errorf("netlab %s: start %s on %s: %w", l.prefix, name, host, err)
+		return nil, fmt.Errorf("%s: start %s on %s: %w", l.prefix, name, host, err)
 	}
 	cmd := exec.Command("ip", append([]string{"netns", "exec", h.NS}, argv...)...)
 	cmd.Env = append(os.Environ(), env...)
@@ -66,7 +66,7 @@ func (l *Lab) Start(host, name string, argv []string, env []string) (*Proc, erro
 	}
 	if err := cmd.Start(); err != nil {
 		logf.Close()
-		return nil, fmt.Errorf("netlab %s: start %s on %s: %w", l.prefix, name, host, err)
+		return nil, fmt.Errorf("%s: start %s on %s: %w", l.prefix, name, host, err)
 	}
 	p := &Proc{Host: host, Name: name, LogPath: logPath, cmd: cmd, stopTimeout: l.stopTimeout, done: make(chan struct{})}
 	go func() {
@@ -126,7 +126,7 @@ func (p *Proc) stop(grace time.Duration) error {
 		select {
 		case <-p.done:
 		case <-deadline:
-			p.stopErr = errors.Join(p.stopErr, fmt.Errorf("%s on %s (pid %d) did not exit after SIGKILL", p.Name, p.Host, pgid))
+			p.stopErr = errors.Join(p.stopErr, fmt.Errorf("netlab: %s on %s (pid %d) did not exit after SIGKILL", p.Name, p.Host, pgid))
 			return
 		}
 		// SIGKILL is delivered asynchronously; callers rely on the whole group being gone
@@ -138,7 +138,7 @@ func (p *Proc) stop(grace time.Duration) error {
 			}
 			select {
 			case <-deadline:
-				p.stopErr = errors.Join(p.stopErr, fmt.Errorf("%s on %s: process group %d still has %v after SIGKILL", p.Name, p.Host, pgid, left))
+				p.stopErr = errors.Join(p.stopErr, fmt.Errorf("netlab: %s on %s: process group %d still has %v after SIGKILL", p.Name, p.Host, pgid, left))
 				return
 			case <-time.After(5 * time.Millisecond):
 				_ = syscall.Kill(-pgid, syscall.SIGKILL)
@@ -207,12 +207,12 @@ func (l *Lab) Exec(ctx context.Context, host string, argv ...string) ([]byte, er
 		return nil, err
 	}
 	if len(argv) == 0 {
-		return nil, fmt.Errorf("netlab %s: exec on %s: empty argv", l.prefix, host)
+		return nil, fmt.Errorf("netlab: %s: exec on %s: empty argv", l.prefix, host)
 	}
 	cmd := exec.CommandContext(ctx, "ip", append([]string{"netns", "exec", h.NS}, argv...)...)
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		return out, fmt.Errorf("netlab %s: exec on %s %q: %w: %s", l.prefix, host, strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
+		return out, fmt.Errorf("%s: exec on %s %q: %w: %s", l.prefix, host, strings.Join(argv, " "), err, strings.TrimSpace(string(out)))
 	}
 	return out, nil
 }

@@ -34,11 +34,11 @@ func markerPath(prefix string) string { return filepath.Join(MarkerDir, prefix+"
 // writeMarker claims prefix; it fails with os.ErrExist if another lab holds it.
 func writeMarker(prefix, dir string) error {
 	if err := os.MkdirAll(MarkerDir, 0o755); err != nil {
-		return fmt.Errorf("netlab: marker dir: %w", err)
+		return fmt.Errorf("marker dir: %w", err)
 	}
 	start, err := procStart(os.Getpid())
 	if err != nil {
-		return fmt.Errorf("netlab: own start time: %w", err)
+		return fmt.Errorf("own start time: %w", err)
 	}
 	b, err := json.Marshal(marker{Prefix: prefix, PID: os.Getpid(), Start: start, Dir: dir})
 	if err != nil {
@@ -46,13 +46,13 @@ func writeMarker(prefix, dir string) error {
 	}
 	f, err := os.OpenFile(markerPath(prefix), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o644)
 	if err != nil {
-		return fmt.Errorf("netlab: claim %s: %w", prefix, err)
+		return fmt.Errorf("claim %s: %w", prefix, err)
 	}
 	_, werr := f.Write(b)
 	cerr := f.Close()
 	if err := errors.Join(werr, cerr); err != nil {
 		os.Remove(markerPath(prefix))
-		return fmt.Errorf("netlab: write marker %s: %w", prefix, err)
+		return fmt.Errorf("write marker %s: %w", prefix, err)
 	}
 	return nil
 }
@@ -67,12 +67,12 @@ func procStart(pid int) (uint64, error) {
 	s := string(b)
 	i := strings.LastIndexByte(s, ')')
 	if i < 0 {
-		return 0, fmt.Errorf("malformed /proc/%d/stat", pid)
+		return 0, fmt.Errorf("netlab: malformed /proc/%d/stat", pid)
 	}
 	f := strings.Fields(s[i+1:])
 	// f[0] is field 3 (state), so field 22 is f[19].
 	if len(f) < 20 {
-		return 0, fmt.Errorf("short /proc/%d/stat", pid)
+		return 0, fmt.Errorf("netlab: short /proc/%d/stat", pid)
 	}
 	return strconv.ParseUint(f[19], 10, 64)
 }
@@ -97,7 +97,7 @@ func Sweep(log *slog.Logger) ([]string, error) {
 	byPrefix := map[string][]string{}
 	ents, err := os.ReadDir(netnsDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("netlab sweep: %w", err)
+		return nil, fmt.Errorf("sweep: %w", err)
 	}
 	for _, e := range ents {
 		if m := nsNameRE.FindStringSubmatch(e.Name()); m != nil {
@@ -106,7 +106,7 @@ func Sweep(log *slog.Logger) ([]string, error) {
 	}
 	ments, err := os.ReadDir(MarkerDir)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("netlab sweep: %w", err)
+		return nil, fmt.Errorf("sweep: %w", err)
 	}
 	for _, e := range ments {
 		if p, ok := strings.CutSuffix(e.Name(), ".json"); ok && prefixRE.MatchString(p) {
@@ -165,7 +165,7 @@ func Sweep(log *slog.Logger) ([]string, error) {
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
-		return removed, fmt.Errorf("netlab sweep: %w", err)
+		return removed, fmt.Errorf("sweep: %w", err)
 	}
 	return removed, nil
 }

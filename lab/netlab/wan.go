@@ -103,7 +103,7 @@ func BuildWAN(ctx context.Context, spec WANSpec) (*WAN, error) {
 		if cerr := w.Close(); cerr != nil {
 			err = errors.Join(err, fmt.Errorf("cleanup after failed build: %w", cerr))
 		}
-		return nil, fmt.Errorf("netlab build wan %s: %w", l.prefix, err)
+		return nil, fmt.Errorf("build wan %s: %w", l.prefix, err)
 	}
 	l.log.Info("netlab: wan built", "places", len(spec.Places), "delay", w.mode, "took", time.Since(start))
 	return w, nil
@@ -111,34 +111,34 @@ func BuildWAN(ctx context.Context, spec WANSpec) (*WAN, error) {
 
 func checkPlaces(places []PlaceSpec) error {
 	if len(places) < 2 {
-		return errors.New("netlab wan: at least two places")
+		return errors.New("netlab: wan: at least two places")
 	}
 	names := map[string]bool{WANRouter: true, lanName: true}
 	var prefixes []netip.Prefix
 	for _, p := range places {
 		if !hostNameRE.MatchString(p.Name) || len(p.Name) > 5 {
-			return fmt.Errorf("netlab wan: place name %q must match %s and have at most 5 characters", p.Name, hostNameRE)
+			return fmt.Errorf("netlab: wan: place name %q must match %s and have at most 5 characters", p.Name, hostNameRE)
 		}
 		if !p.Prefix.IsValid() || !p.Prefix.Addr().Is4() || !allowedAddr(p.Prefix.Addr()) || p.Prefix.Bits() > 30 {
-			return fmt.Errorf("netlab wan: place %s: prefix %s must be an IPv4 test network of at least 4 addresses", p.Name, p.Prefix)
+			return fmt.Errorf("netlab: wan: place %s: prefix %s must be an IPv4 test network of at least 4 addresses", p.Name, p.Prefix)
 		}
 		for _, q := range prefixes {
 			if q.Overlaps(p.Prefix) {
-				return fmt.Errorf("netlab wan: place %s: prefix %s overlaps %s", p.Name, p.Prefix, q)
+				return fmt.Errorf("netlab: wan: place %s: prefix %s overlaps %s", p.Name, p.Prefix, q)
 			}
 		}
 		prefixes = append(prefixes, p.Prefix.Masked())
 		if p.Delay < 0 || p.Delay > time.Second {
-			return fmt.Errorf("netlab wan: place %s: delay %v out of 0..1s", p.Name, p.Delay)
+			return fmt.Errorf("netlab: wan: place %s: delay %v out of 0..1s", p.Name, p.Delay)
 		}
 		for _, h := range p.Hosts {
 			if !hostNameRE.MatchString(h.Name) || names[h.Name] {
-				return fmt.Errorf("netlab wan: host name %q must match %s and be unique", h.Name, hostNameRE)
+				return fmt.Errorf("netlab: wan: host name %q must match %s and be unique", h.Name, hostNameRE)
 			}
 			names[h.Name] = true
 			a := h.Addr.Addr()
 			if !p.Prefix.Contains(a) || h.Addr.Bits() != p.Prefix.Bits() || a == gateway(p.Prefix) || a == p.Prefix.Masked().Addr() {
-				return fmt.Errorf("netlab wan: host %s: %s must lie in %s, be neither its network nor its gateway %s, and have its length",
+				return fmt.Errorf("netlab: wan: host %s: %s must lie in %s, be neither its network nor its gateway %s, and have its length",
 					h.Name, h.Addr, p.Prefix, gateway(p.Prefix))
 			}
 		}
@@ -161,7 +161,7 @@ func (w *WAN) Gateway(place string) (netip.Addr, error) {
 func (w *WAN) place(name string) (PlaceSpec, error) {
 	i := slices.IndexFunc(w.places, func(p PlaceSpec) bool { return p.Name == name })
 	if i < 0 {
-		return PlaceSpec{}, fmt.Errorf("netlab wan %s: no place %q", w.prefix, name)
+		return PlaceSpec{}, fmt.Errorf("netlab: wan %s: no place %q", w.prefix, name)
 	}
 	return w.places[i], nil
 }
@@ -173,7 +173,7 @@ func (w *WAN) PlaceOf(host string) (string, error) {
 			return p.Name, nil
 		}
 	}
-	return "", fmt.Errorf("netlab wan %s: host %q is in no place", w.prefix, host)
+	return "", fmt.Errorf("netlab: wan %s: host %q is in no place", w.prefix, host)
 }
 
 // DelayMode says how the uplinks are delayed: DelayNetem or DelayLine.

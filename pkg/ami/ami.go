@@ -45,20 +45,20 @@ import (
 // Sentinel errors; every error this package returns wraps at most one of them.
 var (
 	// ErrAuth: the PBX refused the login (wrong user or secret).
-	ErrAuth = errors.New("authentication failed")
+	ErrAuth = errors.New("ami: authentication failed")
 	// ErrTimeout: no answer within the deadline (dial, login or action).
-	ErrTimeout = errors.New("timeout")
+	ErrTimeout = errors.New("ami: timeout")
 	// ErrRefused: nothing listens on the address.
-	ErrRefused = errors.New("connection refused")
+	ErrRefused = errors.New("ami: connection refused")
 	// ErrProtocol: the peer answered something that is not the AMI we expect.
-	ErrProtocol = errors.New("protocol error")
+	ErrProtocol = errors.New("ami: protocol error")
 	// ErrUnhealthy: the PBX answered, and the answer means it is not working
 	// (Response: Error to a health check or a Reload). Such errors are
 	// *ActionError values carrying Asterisk's message.
-	ErrUnhealthy = errors.New("unhealthy answer")
+	ErrUnhealthy = errors.New("ami: unhealthy answer")
 	// ErrClosed: the connection ended (peer closed it, or Close was called)
 	// before the answer came.
-	ErrClosed = errors.New("connection closed")
+	ErrClosed = errors.New("ami: connection closed")
 )
 
 // Config says where and how to connect. Addr, Username and Secret are required.
@@ -114,7 +114,8 @@ type ActionError struct {
 }
 
 func (e *ActionError) Error() string {
-	return fmt.Sprintf("ami: %s: %s: %s", e.Action, ErrUnhealthy, e.Message)
+	// ErrUnhealthy's text carries the package's prefix already.
+	return fmt.Sprintf("%v: %s: %s", ErrUnhealthy, e.Action, e.Message)
 }
 
 // Is makes errors.Is(err, ErrUnhealthy) true.
@@ -146,7 +147,7 @@ func Classify(err error) events.ErrorClass {
 // ErrTimeout (and still context.DeadlineExceeded), a cancel stays a cancel.
 func ctxError(ctx context.Context, what string) error {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-		return fmt.Errorf("ami: %s: %w (%w)", what, ErrTimeout, ctx.Err())
+		return fmt.Errorf("%s: %w (%w)", what, ErrTimeout, ctx.Err())
 	}
-	return fmt.Errorf("ami: %s: %w", what, ctx.Err())
+	return fmt.Errorf("%s: %w", what, ctx.Err())
 }

@@ -87,13 +87,13 @@ func ParseChannelsCount(lines []string) (ChannelCounts, error) {
 		}
 		n, err := strconv.Atoi(l[:digits])
 		if err != nil {
-			return ChannelCounts{}, fmt.Errorf("ami: core show channels count: %w: %q", ErrProtocol, l)
+			return ChannelCounts{}, fmt.Errorf("core show channels count: %w: %q", ErrProtocol, l)
 		}
 		*dst = n
 		found |= bit
 	}
 	if found != 7 {
-		return ChannelCounts{}, fmt.Errorf("ami: core show channels count: %w: output %q", ErrProtocol, lines)
+		return ChannelCounts{}, fmt.Errorf("core show channels count: %w: output %q", ErrProtocol, lines)
 	}
 	return cc, nil
 }
@@ -136,7 +136,7 @@ func coreStatus(ctx context.Context, a actioner) (CoreStatus, error) {
 	st.CurrentCalls = parseInt("CoreCurrentCalls")
 	st.ProcessedCalls = parseInt("CoreProcessedCalls")
 	if len(errs) > 0 {
-		return CoreStatus{}, fmt.Errorf("ami: CoreStatus: %w: bad or missing %v in %q", ErrProtocol, errs, r.String())
+		return CoreStatus{}, fmt.Errorf("CoreStatus: %w: bad or missing %v in %q", ErrProtocol, errs, r.String())
 	}
 	return st, nil
 }

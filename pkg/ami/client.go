@@ -23,7 +23,7 @@ const defaultWriteTimeout = 3 * time.Second
 
 // errUnsent marks an action that was never written, so Session may retry it
 // on a fresh connection without sending it twice.
-var errUnsent = errors.New("action not sent")
+var errUnsent = errors.New("ami: action not sent")
 
 // Client is one logged-in AMI connection. It is safe for concurrent use;
 // actions from many goroutines are matched to their responses by ActionID.
@@ -84,7 +84,7 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger, sink *eventSi
 		return nil, fmt.Errorf("ami: login to %s: the username or secret holds a line break", cfg.Addr)
 	}
 	if err := validEventSelection(cfg); err != nil {
-		return nil, fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
+		return nil, fmt.Errorf("login to %s: %w", cfg.Addr, err)
 	}
 	d := net.Dialer{Timeout: cfg.DialTimeout, KeepAlive: cfg.KeepAlive}
 	raw, err := d.DialContext(ctx, "tcp", cfg.Addr)
@@ -133,7 +133,7 @@ func connect(ctx context.Context, cfg Config, logger *slog.Logger, sink *eventSi
 		cancel()
 		if err != nil {
 			_ = c.Close()
-			return nil, fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
+			return nil, fmt.Errorf("login to %s: %w", cfg.Addr, err)
 		}
 	}
 	c.log.Debug("ami logged in", "user", cfg.Username)
@@ -160,11 +160,11 @@ func (c *Client) addFilters(ctx context.Context, names []string) error {
 // Login or the Filter action it is sent in.
 func validEventSelection(cfg Config) error {
 	if strings.ContainsAny(cfg.EventMask, "\r\n") {
-		return errors.New("the event mask holds a line break")
+		return errors.New("ami: the event mask holds a line break")
 	}
 	for _, n := range cfg.EventNames {
 		if n == "" || strings.ContainsAny(n, "\r\n(),: ") {
-			return fmt.Errorf("event name %q cannot be filtered on", n)
+			return fmt.Errorf("ami: event name %q cannot be filtered on", n)
 		}
 	}
 	return nil
@@ -213,11 +213,11 @@ func dialError(ctx context.Context, addr string, err error) error {
 	case ctx.Err() != nil:
 		return ctxError(ctx, "dial "+addr)
 	case errors.Is(err, syscall.ECONNREFUSED):
-		return fmt.Errorf("ami: dial %s: %w", addr, ErrRefused)
+		return fmt.Errorf("dial %s: %w", addr, ErrRefused)
 	case errors.As(err, &ne) && ne.Timeout():
-		return fmt.Errorf("ami: dial %s: %w: %w", addr, ErrTimeout, err)
+		return fmt.Errorf("dial %s: %w: %w", addr, ErrTimeout, err)
 	}
-	return fmt.Errorf("ami: dial %s: %w", addr, err)
+	return fmt.Errorf("dial %s: %w", addr, err)
 }
 
 // loginError says why the login failed in this package's terms.
@@ -225,19 +225,19 @@ func loginError(ctx context.Context, cfg Config, err error) error {
 	var ne net.Error
 	switch {
 	case errors.Is(err, ErrAuth):
-		return fmt.Errorf("ami: login to %s as %q: %w", cfg.Addr, cfg.Username, err)
+		return fmt.Errorf("login to %s as %q: %w", cfg.Addr, cfg.Username, err)
 	case ctx.Err() != nil:
 		return ctxError(ctx, "login to "+cfg.Addr)
 	case errors.As(err, &ne) && ne.Timeout():
-		return fmt.Errorf("ami: login to %s: %w: no answer within %v", cfg.Addr, ErrTimeout, cfg.LoginTimeout)
+		return fmt.Errorf("login to %s: %w: no answer within %v", cfg.Addr, ErrTimeout, cfg.LoginTimeout)
 	case errors.Is(err, io.EOF), errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, syscall.ECONNRESET):
-		return fmt.Errorf("ami: login to %s: %w by the peer", cfg.Addr, ErrClosed)
+		return fmt.Errorf("login to %s: %w by the peer", cfg.Addr, ErrClosed)
 	case errors.Is(err, ErrProtocol):
-		return fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
+		return fmt.Errorf("login to %s: %w", cfg.Addr, err)
 	case errors.Is(err, errMalformed):
-		return fmt.Errorf("ami: login to %s: %w: %w", cfg.Addr, ErrProtocol, err)
+		return fmt.Errorf("login to %s: %w: %w", cfg.Addr, ErrProtocol, err)
 	}
-	return fmt.Errorf("ami: login to %s: %w", cfg.Addr, err)
+	return fmt.Errorf("login to %s: %w", cfg.Addr, err)
 }
 
 // read is the one goroutine that reads the connection after login. It
@@ -344,7 +344,7 @@ func (c *Client) end(cause error) {
 // (the connection ended first), or ctx's error if it was cancelled.
 func (c *Client) Action(ctx context.Context, name string, fields ...Field) (Response, error) {
 	if err := validate(name, fields); err != nil {
-		return Response{}, fmt.Errorf("ami: %s: %w", name, errors.Join(err, errUnsent))
+		return Response{}, fmt.Errorf("%s: %w", name, errors.Join(err, errUnsent))
 	}
 	if ctx.Err() != nil {
 		return Response{}, errors.Join(ctxError(ctx, "action "+name), errUnsent)
@@ -356,7 +356,7 @@ func (c *Client) Action(ctx context.Context, name string, fields ...Field) (Resp
 	if c.ended {
 		err := c.endErr
 		c.mu.Unlock()
-		return Response{}, fmt.Errorf("ami: action %s: %w", name, errors.Join(err, errUnsent))
+		return Response{}, fmt.Errorf("action %s: %w", name, errors.Join(err, errUnsent))
 	}
 	c.waiters[id] = w
 	c.mu.Unlock()
@@ -368,12 +368,12 @@ func (c *Client) Action(ctx context.Context, name string, fields ...Field) (Resp
 		}
 		// A write that fails leaves the stream in an unknown state.
 		_ = c.raw.Close()
-		return Response{}, fmt.Errorf("ami: action %s: %w", name, err)
+		return Response{}, fmt.Errorf("action %s: %w", name, err)
 	}
 	select {
 	case <-w.ch:
 		if w.err != nil {
-			return Response{}, fmt.Errorf("ami: action %s: %w", name, w.err)
+			return Response{}, fmt.Errorf("action %s: %w", name, w.err)
 		}
 		return Response{msg: w.resp, events: w.list, complete: w.complete}, nil
 	case <-ctx.Done():
@@ -410,14 +410,14 @@ func (c *Client) send(ctx context.Context, b []byte) error {
 // header (or the message) early and let a value inject headers.
 func validate(name string, fields []Field) error {
 	if name == "" || strings.ContainsAny(name, "\r\n:") {
-		return fmt.Errorf("invalid action name %q", name)
+		return fmt.Errorf("ami: invalid action name %q", name)
 	}
 	for _, f := range fields {
 		if f.Name == "" || strings.ContainsAny(f.Name, "\r\n: ") || strings.ContainsAny(f.Value, "\r\n") {
-			return fmt.Errorf("invalid field %q: %q", f.Name, f.Value)
+			return fmt.Errorf("ami: invalid field %q: %q", f.Name, f.Value)
 		}
 		if strings.EqualFold(f.Name, "ActionID") || strings.EqualFold(f.Name, "Action") {
-			return fmt.Errorf("field %q is set by the client", f.Name)
+			return fmt.Errorf("ami: field %q is set by the client", f.Name)
 		}
 	}
 	return nil

@@ -201,7 +201,7 @@ func (s *Session) client(ctx context.Context) (*Client, error) {
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
-		return nil, fmt.Errorf("ami: session %s: %w", s.cfg.Addr, ErrClosed)
+		return nil, fmt.Errorf("session %s: %w", s.cfg.Addr, ErrClosed)
 	}
 	c := s.cur
 	s.mu.Unlock()
@@ -218,7 +218,7 @@ func (s *Session) client(ctx context.Context) (*Client, error) {
 	for {
 		if wait := time.Until(s.nextDial); wait > 0 {
 			if dl, ok := ctx.Deadline(); ok && time.Until(dl) < wait && s.lastErr != nil {
-				return nil, fmt.Errorf("ami: session backing off %v: %w", wait.Round(time.Millisecond), s.lastErr)
+				return nil, fmt.Errorf("session backing off %v: %w", wait.Round(time.Millisecond), s.lastErr)
 			}
 			t := time.NewTimer(wait)
 			select {
@@ -234,7 +234,7 @@ func (s *Session) client(ctx context.Context) (*Client, error) {
 			defer s.mu.Unlock()
 			if s.closed {
 				_ = c.Close()
-				return nil, fmt.Errorf("ami: session %s: %w", s.cfg.Addr, ErrClosed)
+				return nil, fmt.Errorf("session %s: %w", s.cfg.Addr, ErrClosed)
 			}
 			if s.failures > 0 {
 				s.log.Info("ami connected again", "addr", s.cfg.Addr, "failed_attempts", s.failures)

@@ -24,7 +24,7 @@ const (
 // errMalformed marks a message with a line that is not "Name: value". The
 // message was read to its end, so the stream is still framed: the reader
 // drops it and goes on (its ActionID is lost with it; the caller times out).
-var errMalformed = errors.New("malformed message")
+var errMalformed = errors.New("ami: malformed message")
 
 // message is one AMI message: its header lines in the order they came.
 type message struct{ fields []Field }

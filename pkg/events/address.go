@@ -17,8 +17,8 @@ const (
 )
 
 func init() {
-	register(TypeAddressConflict, func() Payload { return &AddressConflict{} })
-	register(TypeAddressCorrection, func() Payload { return &AddressCorrection{} })
+	register(TypeAddressConflict, func() Decoded { return &AddressConflict{} })
+	register(TypeAddressCorrection, func() Decoded { return &AddressCorrection{} })
 }
 
 // ConflictAction is what an executor did about another MAC using its address.

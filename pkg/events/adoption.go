@@ -18,7 +18,7 @@ import (
 const TypeCallsAdopted Type = "calls.adopted"
 
 func init() {
-	register(TypeCallsAdopted, func() Payload { return &CallsAdopted{} })
+	register(TypeCallsAdopted, func() Decoded { return &CallsAdopted{} })
 }
 
 // Reasons a call's record was not adopted (CallsAdoption.NotAdopted keys).

@@ -222,7 +222,7 @@ func DecodeAstDBResync(data []byte) (AstDBResync, error) {
 const TypeReplicationHeld Type = "replication.held"
 
 func init() {
-	register(TypeReplicationHeld, func() Payload { return &ReplicationHeld{} })
+	register(TypeReplicationHeld, func() Decoded { return &ReplicationHeld{} })
 }
 
 // MaxHeldListed bounds the keys one ReplicationHeld names; Held still says

@@ -317,7 +317,7 @@ func DecodeCallRecord(data []byte) (CallRecord, error) {
 const TypeCallsSummary Type = "calls.summary"
 
 func init() {
-	register(TypeCallsSummary, func() Payload { return &CallsSummary{} })
+	register(TypeCallsSummary, func() Decoded { return &CallsSummary{} })
 	// Restated every few seconds, as a heartbeat is: live state.
 	liveTypes[TypeCallsSummary] = true
 }

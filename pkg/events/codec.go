@@ -8,24 +8,24 @@ import (
 
 // registry maps each wire type to a constructor of its payload. The schema
 // version each accepts is the payload's own SchemaVersion.
-var registry = map[Type]func() Payload{
-	TypeProbeResult:       func() Payload { return &ProbeResult{} },
-	TypeHealthTransition:  func() Payload { return &HealthTransition{} },
-	TypeNodeHeartbeat:     func() Payload { return &NodeHeartbeat{} },
-	TypeArbiterDecision:   func() Payload { return &ArbiterDecision{} },
-	TypeClaimIP:           func() Payload { return &ClaimIP{} },
-	TypeReleaseIP:         func() Payload { return &ReleaseIP{} },
-	TypeAnswerPBX:         func() Payload { return &AnswerPBX{} },
-	TypeCommandResult:     func() Payload { return &CommandResult{} },
-	TypeFailbackPermit:    func() Payload { return &FailbackPermit{} },
-	TypeReplicationStatus: func() Payload { return &ReplicationStatus{} },
-	TypeServiceAnnounce:   func() Payload { return &ServiceAnnounce{} },
+var registry = map[Type]func() Decoded{
+	TypeProbeResult:       func() Decoded { return &ProbeResult{} },
+	TypeHealthTransition:  func() Decoded { return &HealthTransition{} },
+	TypeNodeHeartbeat:     func() Decoded { return &NodeHeartbeat{} },
+	TypeArbiterDecision:   func() Decoded { return &ArbiterDecision{} },
+	TypeClaimIP:           func() Decoded { return &ClaimIP{} },
+	TypeReleaseIP:         func() Decoded { return &ReleaseIP{} },
+	TypeAnswerPBX:         func() Decoded { return &AnswerPBX{} },
+	TypeCommandResult:     func() Decoded { return &CommandResult{} },
+	TypeFailbackPermit:    func() Decoded { return &FailbackPermit{} },
+	TypeReplicationStatus: func() Decoded { return &ReplicationStatus{} },
+	TypeServiceAnnounce:   func() Decoded { return &ServiceAnnounce{} },
 }
 
 // register adds payload types defined outside this file. Each file that
 // defines new payloads registers them in its own init, so areas of the
 // contract can grow without editing one shared table.
-func register(t Type, mk func() Payload) {
+func register(t Type, mk func() Decoded) {
 	if _, dup := registry[t]; dup {
 		panic("events: type registered twice: " + string(t))
 	}
@@ -50,7 +50,7 @@ func Types() []Type {
 //
 // The returned payload is a pointer to the concrete type (for example
 // *ClaimIP); use a type switch.
-func Decode(b []byte) (Envelope, Payload, error) {
+func Decode(b []byte) (Envelope, Decoded, error) {
 	if len(b) > MaxEncodedSize {
 		return Envelope{}, nil, fmt.Errorf("decode: %w (%d > %d bytes)", ErrTooLarge, len(b), MaxEncodedSize)
 	}

@@ -12,7 +12,7 @@ import "fmt"
 const TypeDispatcherWeights Type = "dispatcher.weights"
 
 func init() {
-	register(TypeDispatcherWeights, func() Payload { return &DispatcherWeights{} })
+	register(TypeDispatcherWeights, func() Decoded { return &DispatcherWeights{} })
 }
 
 // Weight bounds: Kamailio's dispatcher treats weights as percentages.

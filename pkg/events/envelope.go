@@ -144,11 +144,11 @@ func (e Envelope) Encode() ([]byte, error) {
 
 // Sentinel errors let callers branch on why a message was refused.
 var (
-	ErrTooLarge       = errors.New("event larger than the size limit")
-	ErrUnknownType    = errors.New("unknown event type")
-	ErrUnknownVersion = errors.New("unsupported schema version")
-	ErrMissingField   = errors.New("missing required field")
-	ErrInvalidField   = errors.New("invalid field")
+	ErrTooLarge       = errors.New("events: event larger than the size limit")
+	ErrUnknownType    = errors.New("events: unknown event type")
+	ErrUnknownVersion = errors.New("events: unsupported schema version")
+	ErrMissingField   = errors.New("events: missing required field")
+	ErrInvalidField   = errors.New("events: invalid field")
 )
 
 func (e Envelope) validateHeader() error {

@@ -29,7 +29,7 @@ const (
 const TypeLeadersHold Type = "arbiter.leaders_hold"
 
 func init() {
-	register(TypeLeadersHold, func() Payload { return &LeadersHold{} })
+	register(TypeLeadersHold, func() Decoded { return &LeadersHold{} })
 }
 
 // HoldStage is what a LeadersHold records.

@@ -15,7 +15,7 @@ import (
 
 // ErrSubjectMismatch means an event (or request) arrived on a subject that
 // does not match what its envelope and payload say. Consumers drop it.
-var ErrSubjectMismatch = errors.New("subject does not match the event")
+var ErrSubjectMismatch = errors.New("events: subject does not match the event")
 
 // Reasons a consumer gives for refusing a message, for the
 // fan_events_refused_total{reason} counter and the refusal's log line.
@@ -124,7 +124,7 @@ func selfCheck(env Envelope, role Role, target string) error {
 
 // DecodeFrom decodes an event that arrived on subject and verifies that the
 // subject matches it (VerifySubject). Every consumer reads events through it.
-func DecodeFrom(subject string, b []byte) (Envelope, Payload, error) {
+func DecodeFrom(subject string, b []byte) (Envelope, Decoded, error) {
 	env, p, err := Decode(b)
 	if err != nil {
 		return env, nil, err

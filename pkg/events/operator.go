@@ -22,7 +22,7 @@ const RequestRoot = "fan.req"
 const TypeOperatorAction Type = "operator.action"
 
 func init() {
-	register(TypeOperatorAction, func() Payload { return &OperatorAction{} })
+	register(TypeOperatorAction, func() Decoded { return &OperatorAction{} })
 }
 
 // OperatorVerb names an operator action.

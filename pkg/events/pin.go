@@ -26,7 +26,7 @@ const (
 const TypeGroupPin Type = "arbiter.pin"
 
 func init() {
-	register(TypeGroupPin, func() Payload { return &GroupPin{} })
+	register(TypeGroupPin, func() Decoded { return &GroupPin{} })
 }
 
 // PinStage is what a GroupPin records: a pin's start or its end.

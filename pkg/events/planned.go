@@ -71,7 +71,7 @@ func (r OperatorRequest) validateDrain() error {
 const TypePlannedMove Type = "arbiter.planned_move"
 
 func init() {
-	register(TypePlannedMove, func() Payload { return &PlannedMove{} })
+	register(TypePlannedMove, func() Decoded { return &PlannedMove{} })
 }
 
 // PlannedStage is a stage of a planned move.

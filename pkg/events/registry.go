@@ -15,7 +15,7 @@ import (
 const TypeNodePresence Type = "node.presence"
 
 func init() {
-	register(TypeNodePresence, func() Payload { return &NodePresence{} })
+	register(TypeNodePresence, func() Decoded { return &NodePresence{} })
 }
 
 // Presence is a node's registry state.

@@ -13,9 +13,9 @@ const (
 )
 
 func init() {
-	register(TypeReplicationApplied, func() Payload { return &ReplicationApplied{} })
-	register(TypeReplicationAlarm, func() Payload { return &ReplicationAlarm{} })
-	register(TypeReplicationConflict, func() Payload { return &ReplicationConflict{} })
+	register(TypeReplicationApplied, func() Decoded { return &ReplicationApplied{} })
+	register(TypeReplicationAlarm, func() Decoded { return &ReplicationAlarm{} })
+	register(TypeReplicationConflict, func() Decoded { return &ReplicationConflict{} })
 }
 
 // Object-store buckets of the replicator. They are part of the operator-facing

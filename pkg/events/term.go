@@ -9,7 +9,7 @@ import (
 const TypeArbiterTerm Type = "arbiter.term"
 
 func init() {
-	register(TypeArbiterTerm, func() Payload { return &ArbiterTerm{} })
+	register(TypeArbiterTerm, func() Decoded { return &ArbiterTerm{} })
 }
 
 // ArbiterTerm records that an arbiter replica began to command under a new

@@ -9,13 +9,13 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/durablefile"
 	"github.com/klauspost/compress/s2"
 	"github.com/nats-io/nats-server/v2/server/archive"
 	"github.com/nats-io/nats.go"
@@ -121,7 +121,7 @@ func runBackup(ctx context.Context, args []string, connect connector, stdout, st
 }
 
 // snapshot asks the stream's leader for a snapshot and writes it, after its
-// header, to path (through a temporary file renamed into place once synced).
+// header, to path (replaced whole and durably, or not at all).
 func snapshot(ctx context.Context, nc *nats.Conn, stream, path string) (streamState, error) {
 	inbox := nc.NewInbox()
 	sub, err := nc.SubscribeSync(inbox)
@@ -149,63 +149,53 @@ func snapshot(ctx context.Context, nc *nats.Conn, stream, path string) (streamSt
 	var st streamState
 	_ = json.Unmarshal(resp.State, &st)
 
-	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*")
-	if err != nil {
-		return streamState{}, fmt.Errorf("backup: %w", err)
-	}
-	defer func() { _ = os.Remove(tmp.Name()) }()
-	defer tmp.Close()
-	w := bufio.NewWriterSize(tmp, backupChunk)
-	hdr, _ := json.Marshal(backupHeader{Format: backupFormat, Version: backupVersion, Stream: stream,
-		TakenAt: time.Now().UTC(), Config: resp.Config, State: resp.State})
-	if _, err := w.Write(append(hdr, '\n')); err != nil {
-		return streamState{}, fmt.Errorf("backup: %w", err)
-	}
-	acked := false
-	for {
-		cctx, cancel := context.WithTimeout(ctx, backupIdle)
-		c, err := sub.NextMsgWithContext(cctx)
-		cancel()
-		if err != nil {
-			return streamState{}, fmt.Errorf("backup: waiting for the snapshot's next chunk: %w", err)
+	// The snapshot streams to disk through durablefile: a reader (or a
+	// crash) sees the previous backup or this one, never a part.
+	err = durablefile.WriteFrom(path, 0o600, func(f io.Writer) error {
+		w := bufio.NewWriterSize(f, backupChunk)
+		hdr, _ := json.Marshal(backupHeader{Format: backupFormat, Version: backupVersion, Stream: stream,
+			TakenAt: time.Now().UTC(), Config: resp.Config, State: resp.State})
+		if _, err := w.Write(append(hdr, '\n')); err != nil {
+			return err
 		}
-		if len(c.Data) == 0 {
-			// The last message is empty; after a full chunk it carries a
-			// status (the client library's status and description
-			// headers), 204 when the snapshot is complete.
-			if st := c.Header.Get("Status"); st != "" && st != "204" {
-				return streamState{}, fmt.Errorf("backup: the server ended the snapshot with %s %s", st, c.Header.Get("Description"))
+		acked := false
+		for {
+			cctx, cancel := context.WithTimeout(ctx, backupIdle)
+			c, err := sub.NextMsgWithContext(cctx)
+			cancel()
+			if err != nil {
+				return fmt.Errorf("waiting for the snapshot's next chunk: %w", err)
 			}
-			break
-		}
-		if _, err := w.Write(c.Data); err != nil {
-			return streamState{}, fmt.Errorf("backup: %w", err)
-		}
-		if c.Reply != "" {
-			// Flow control: the server sends more once told this arrived.
-			if err := nc.Publish(c.Reply, nil); err != nil {
-				return streamState{}, fmt.Errorf("backup: acknowledging a chunk: %w", err)
-			}
-			if !acked {
-				// A server whose configuration denies the acknowledgement
-				// would wait for it: learn that now, not at a timeout.
-				if err := refused(nc, c.Reply); err != nil {
-					return streamState{}, fmt.Errorf("backup: acknowledging a chunk: %w", err)
+			if len(c.Data) == 0 {
+				// The last message is empty; after a full chunk it carries a
+				// status (the client library's status and description
+				// headers), 204 when the snapshot is complete.
+				if st := c.Header.Get("Status"); st != "" && st != "204" {
+					return fmt.Errorf("the server ended the snapshot with %s %s", st, c.Header.Get("Description"))
 				}
-				acked = true
+				break
+			}
+			if _, err := w.Write(c.Data); err != nil {
+				return err
+			}
+			if c.Reply != "" {
+				// Flow control: the server sends more once told this arrived.
+				if err := nc.Publish(c.Reply, nil); err != nil {
+					return fmt.Errorf("acknowledging a chunk: %w", err)
+				}
+				if !acked {
+					// A server whose configuration denies the acknowledgement
+					// would wait for it: learn that now, not at a timeout.
+					if err := refused(nc, c.Reply); err != nil {
+						return fmt.Errorf("acknowledging a chunk: %w", err)
+					}
+					acked = true
+				}
 			}
 		}
-	}
-	if err := w.Flush(); err != nil {
-		return streamState{}, fmt.Errorf("backup: %w", err)
-	}
-	if err := tmp.Sync(); err != nil {
-		return streamState{}, fmt.Errorf("backup: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return streamState{}, fmt.Errorf("backup: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
+		return w.Flush()
+	})
+	if err != nil {
 		return streamState{}, fmt.Errorf("backup: %w", err)
 	}
 	return st, nil

@@ -370,7 +370,7 @@ func runEvents(inv *invocation, args []string) error {
 		mu       sync.Mutex
 		printErr error
 	)
-	handler := func(env events.Envelope, p events.Payload, _ uint64) {
+	handler := func(env events.Envelope, p events.Decoded, _ uint64) {
 		if *typ == "" || string(env.Type) == *typ {
 			if err := printEvent(stdout, env, p, *asJSON); err != nil {
 				mu.Lock()

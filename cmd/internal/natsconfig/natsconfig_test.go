@@ -206,7 +206,7 @@ func TestGeneratedConfigEnforced(t *testing.T) {
 	defer wcancel()
 	go func() {
 		_ = arbiter.Watch(wctx, bus.WatchOptions{Subjects: []string{events.AllHealth(c.Cluster)}, All: true},
-			func(env events.Envelope, _ events.Payload, _ uint64) { got <- env })
+			func(env events.Envelope, _ events.Decoded, _ uint64) { got <- env })
 	}()
 	ht := events.HealthTransition{Check: "pbx", TargetNode: "n1", Role: events.RoleSelf, From: events.HealthUp, To: events.HealthDown,
 		Reason: "test", Consecutive: 3, Rise: 2, Fall: 3, Evidence: []events.Evidence{{At: time.Now(), OK: false, Error: "timeout", ErrorClass: events.ErrorTimeout}}}

@@ -199,7 +199,7 @@ func (h *history) group(cluster, group string) *groupHist {
 
 // onAudit takes an event of the audit stream (decisions, results, health
 // transitions, pins).
-func (h *history) onAudit(env events.Envelope, p events.Payload, _ uint64) {
+func (h *history) onAudit(env events.Envelope, p events.Decoded, _ uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch v := p.(type) {
@@ -283,7 +283,7 @@ func appendBounded[T any](s []T, v T, max int) []T {
 }
 
 // onLive takes a heartbeat of the live stream.
-func (h *history) onLive(env events.Envelope, p events.Payload, _ uint64) {
+func (h *history) onLive(env events.Envelope, p events.Decoded, _ uint64) {
 	hb, ok := p.(*events.NodeHeartbeat)
 	if !ok {
 		return
@@ -394,7 +394,7 @@ func (h *history) view(now time.Time) HistoryView {
 // answerSteps are the claim result's steps that say the address answers,
 // best first: Asterisk answering on it, then verified, then the address
 // added (an executor without a PBX to make answer).
-var answerSteps = []string{"pbx_answering", "pbx_verified", "address_added"}
+var answerSteps = []string{events.StepPBXAnswering, events.StepPBXVerified, events.StepAddressAdded}
 
 // failoverTime reads one failover's times:
 //   - fault: the earliest failing probe result (Evidence with ok false) of

@@ -287,7 +287,7 @@ func (h *hub) run(ctx context.Context) {
 	h.mu.Unlock()
 }
 
-func (h *hub) onEvent(env events.Envelope, p events.Payload, _ uint64) {
+func (h *hub) onEvent(env events.Envelope, p events.Decoded, _ uint64) {
 	data, err := json.Marshal(eventView(env, p))
 	if err != nil {
 		h.log.Warn("status page: an event does not encode", "id", env.ID, "err", err)

@@ -166,7 +166,16 @@ func TestHistoryAPI(t *testing.T) {
 		} `json:"nodes"`
 	}
 	waitJSON(t, p, "api/history", &h, func() bool {
-		return len(h.Groups) == 1 && len(h.Groups[0].Failovers) == 2 && len(h.Groups[0].Pins) == 1 && h.Groups[0].Pins[0].End != "" && len(h.Nodes) == 2
+		if len(h.Groups) != 1 || len(h.Groups[0].Failovers) != 2 || len(h.Groups[0].Pins) != 1 || h.Groups[0].Pins[0].End == "" || len(h.Nodes) != 2 {
+			return false
+		}
+		// Every node's heartbeats of the trail have reached the page.
+		for _, n := range h.Nodes {
+			if len(n.Points) < 4 {
+				return false
+			}
+		}
+		return true
 	})
 	g := h.Groups[0]
 	if len(g.Moves) != tr.Moves7d || len(g.Segments) != 4 || g.Segments[3].Node != "n2" || !g.Segments[3].To.IsZero() {

@@ -15,7 +15,7 @@ import (
 // Entry is one event of the trail.
 type Entry struct {
 	Env events.Envelope
-	P   events.Payload
+	P   events.Decoded
 	// Stored is when its stream stored it, by the stream's clock.
 	Stored time.Time
 }

@@ -19,7 +19,7 @@ type trail struct {
 	n       int
 }
 
-func (tr *trail) add(p events.Payload, cause string) string {
+func (tr *trail) add(p events.Decoded, cause string) string {
 	tr.n++
 	id := fmt.Sprintf("0193a1b2-0000-7000-8000-%012d", tr.n)
 	env := events.Envelope{ID: id, Type: p.EventType(), Time: t0.Add(time.Duration(tr.n) * time.Millisecond), Cluster: "lab",

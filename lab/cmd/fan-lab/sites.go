@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/events"
 )
 
 // Fault and Line make the timeline a stack.Reporter.
@@ -69,7 +70,7 @@ func dnsUpdated(rep stack.SitesReport) time.Duration {
 		return 0
 	}
 	for _, st := range rep.FailoverResult.Steps {
-		if len(st.Name) > len("dns_verified:") && st.Name[:len("dns_verified:")] == "dns_verified:" {
+		if _, ok := events.StepServer(st.Name, events.StepDNSVerified); ok {
 			return st.At.Sub(rep.FailoverAt)
 		}
 	}

@@ -71,7 +71,7 @@ func TestEventsAreDedupedAndWatched(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- b.Watch(watchCtx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
-			func(env events.Envelope, p events.Payload, seq uint64) { got <- env })
+			func(env events.Envelope, p events.Decoded, seq uint64) { got <- env })
 	}()
 	p := events.ServiceAnnounce{Service: "prober", Node: "n1", Version: "test", State: events.ServiceStarted}
 	env, err := b.Emit(ctx, p)

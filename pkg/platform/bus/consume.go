@@ -136,7 +136,7 @@ func (b *Bus) consumeOpts(what string) []jetstream.PullConsumeOpt {
 // EventHandler receives decoded events one at a time, in stream order.
 // seq is the event's sequence in the stream it was read from (WatchOptions
 // may span the audit and the live stream: see Watch).
-type EventHandler func(env events.Envelope, p events.Payload, seq uint64)
+type EventHandler func(env events.Envelope, p events.Decoded, seq uint64)
 
 // Watch reads the audit stream and calls fn for every event that decodes,
 // in stream order, each once, until ctx ends. Events that do not decode, or
@@ -161,12 +161,12 @@ type EventHandler func(env events.Envelope, p events.Payload, seq uint64)
 // in no common order across the two: a handler that mixes them orders by
 // the events' own times (a heartbeat's check states carry theirs).
 func (b *Bus) Watch(ctx context.Context, o WatchOptions, fn EventHandler) error {
-	return b.watch(ctx, o, func(env events.Envelope, p events.Payload, seq uint64, _ time.Time) { fn(env, p, seq) })
+	return b.watch(ctx, o, func(env events.Envelope, p events.Decoded, seq uint64, _ time.Time) { fn(env, p, seq) })
 }
 
 // watch is Watch whose handler also gets the time the stream stored each
 // event (its own clock, which WatchOptions.Since is compared with).
-func (b *Bus) watch(ctx context.Context, o WatchOptions, fn func(env events.Envelope, p events.Payload, seq uint64, stored time.Time)) error {
+func (b *Bus) watch(ctx context.Context, o WatchOptions, fn func(env events.Envelope, p events.Decoded, seq uint64, stored time.Time)) error {
 	byStream := map[string][]string{}
 	var order []string
 	for _, s := range o.Subjects {

@@ -11,7 +11,7 @@ import (
 // Stored is one event read back from a stream.
 type Stored struct {
 	Env     events.Envelope
-	Payload events.Payload
+	Payload events.Decoded
 	Stream  string
 	Seq     uint64
 	// At is when the stream stored it, by the stream's clock: what
@@ -46,7 +46,7 @@ func (b *Bus) ReadAll(ctx context.Context, o WatchOptions) ([]Stored, error) {
 			}
 		}
 		var out []Stored
-		err := b.watch(ctx, so, func(env events.Envelope, p events.Payload, seq uint64, at time.Time) {
+		err := b.watch(ctx, so, func(env events.Envelope, p events.Decoded, seq uint64, at time.Time) {
 			out = append(out, Stored{Env: env, Payload: p, Stream: st, Seq: seq, At: at})
 		})
 		if err != nil {

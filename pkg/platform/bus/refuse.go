@@ -55,7 +55,7 @@ func (b *Bus) Refuse(reason, subject string, err error, keys ...any) {
 // subject (events.DecodeFrom), refusing (logged, counted) what does not
 // pass. Every reader of fan's streams goes through it, or through Watch and
 // ConsumeCommands, which do.
-func (b *Bus) DecodeFrom(subject string, data []byte) (events.Envelope, events.Payload, bool) {
+func (b *Bus) DecodeFrom(subject string, data []byte) (events.Envelope, events.Decoded, bool) {
 	env, p, err := events.DecodeFrom(subject, data)
 	if err != nil {
 		b.Refuse(events.RefusalReason(err), subject, err, "event_id", env.ID, "type", env.Type,

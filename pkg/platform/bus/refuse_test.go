@@ -88,7 +88,7 @@ func TestWatchRefusesSubjectMismatch(t *testing.T) {
 	// stream: read both to their end.
 	var got []events.Envelope
 	_ = reader.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab"), events.ClusterLiveState("lab")}, All: true, ToEnd: true},
-		func(env events.Envelope, _ events.Payload, _ uint64) { got = append(got, env) })
+		func(env events.Envelope, _ events.Decoded, _ uint64) { got = append(got, env) })
 	if len(got) != 1 || got[0].ID != honest.ID {
 		t.Fatalf("watch delivered %d events, want only the honest heartbeat", len(got))
 	}
@@ -137,7 +137,7 @@ func TestRefusalFloodIsCountedNotLoggedLineByLine(t *testing.T) {
 		forge(t, n2, events.HealthSubject("lab", "n2"), events.Envelope{ID: fmt.Sprintf("garbage-%d", i)})
 	}
 	_ = reader.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true, ToEnd: true},
-		func(events.Envelope, events.Payload, uint64) {})
+		func(events.Envelope, events.Decoded, uint64) {})
 	if n := reader.RefusedCount(events.RefusedUndecodable); n != flood {
 		t.Fatalf("refused %v of %d, want every one counted", n, flood)
 	}

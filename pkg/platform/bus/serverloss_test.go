@@ -71,7 +71,7 @@ func testWatchSurvives(t *testing.T, url, how string, lose func(server string)) 
 	done := make(chan error, 1)
 	go func() {
 		done <- watcher.Watch(wctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats("lab")}, All: true},
-			func(_ events.Envelope, p events.Payload, _ uint64) {
+			func(_ events.Envelope, p events.Decoded, _ uint64) {
 				if hb, ok := p.(*events.NodeHeartbeat); ok {
 					delivered <- got{hb.Seq, time.Now()}
 				}
@@ -208,7 +208,7 @@ func TestWatchLivesOnTheLeaderServers(t *testing.T) {
 	wctx, stop := context.WithCancel(ctx)
 	done := make(chan error, 1)
 	go func() {
-		done <- b.Watch(wctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats("lab")}}, func(events.Envelope, events.Payload, uint64) {})
+		done <- b.Watch(wctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats("lab")}}, func(events.Envelope, events.Decoded, uint64) {})
 	}()
 	defer func() { stop(); <-done }()
 	settle := func(t *testing.T, skip string) string {

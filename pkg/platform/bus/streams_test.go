@@ -32,7 +32,7 @@ func TestLiveStateIsKeptApart(t *testing.T) {
 	go func() {
 		done <- b.Watch(wctx, bus.WatchOptions{All: true, Subjects: []string{
 			events.AllHealth("lab"), events.AllHeartbeats("lab"), events.ProbeResultSubject("lab", "n1")}},
-			func(env events.Envelope, _ events.Payload, _ uint64) {
+			func(env events.Envelope, _ events.Decoded, _ uint64) {
 				mu.Lock()
 				got[env.Type]++
 				mu.Unlock()
@@ -142,7 +142,7 @@ func TestWatchToEnd(t *testing.T) {
 	var got []string
 	err = reader.Watch(ctx, bus.WatchOptions{All: true, ToEnd: true,
 		Subjects: []string{events.ClusterEvents("lab"), events.ClusterLiveState("lab")}},
-		func(env events.Envelope, _ events.Payload, _ uint64) { got = append(got, env.ID) })
+		func(env events.Envelope, _ events.Decoded, _ uint64) { got = append(got, env.ID) })
 	if err != nil || ctx.Err() != nil {
 		t.Fatalf("watch to the end: %v (context %v)", err, ctx.Err())
 	}
@@ -151,7 +151,7 @@ func TestWatchToEnd(t *testing.T) {
 	}
 	start := time.Now()
 	err = reader.Watch(ctx, bus.WatchOptions{All: true, ToEnd: true, Subjects: []string{events.ClusterEvents("other")}},
-		func(events.Envelope, events.Payload, uint64) { t.Error("an event of another cluster") })
+		func(events.Envelope, events.Decoded, uint64) { t.Error("an event of another cluster") })
 	if err != nil || time.Since(start) > 10*time.Second {
 		t.Fatalf("an empty read took %v: %v", time.Since(start), err)
 	}

@@ -17,7 +17,7 @@ func TestWatchReturnsPromptly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() {
-		_ = b.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}}, func(events.Envelope, events.Payload, uint64) {})
+		_ = b.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}}, func(events.Envelope, events.Decoded, uint64) {})
 		close(done)
 	}()
 	time.Sleep(300 * time.Millisecond)

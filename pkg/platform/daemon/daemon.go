@@ -122,7 +122,7 @@ func Run(args []string, name, version, defaultConfig string, build Builder) int 
 		fmt.Fprintf(stderr, "%s: %v\n", name, err)
 		return 2
 	}
-	log = log.With("service", name)
+	log = log.With(ServiceKey, name)
 
 	warnings := 0
 	warn := func(w string) {
@@ -255,6 +255,22 @@ func plural(n int, word string) string {
 		return word
 	}
 	return word + "s"
+}
+
+// The keys a service's logger carries on every line: ServiceKey, set by Run,
+// names the service; SelfKey, set by ServiceLogger, the node it runs on. A
+// line about a node (a heartbeat heard, a claim made) says which under
+// "node", so no JSON line carries a key twice: log pipelines keep only one
+// of two equal keys.
+const (
+	ServiceKey = "service"
+	SelfKey    = "self"
+)
+
+// ServiceLogger is log with the service's own node under SelfKey; every
+// service's constructor derives its logger with it.
+func ServiceLogger(log *slog.Logger, node string) *slog.Logger {
+	return log.With(SelfKey, node)
 }
 
 // NewLogger builds the slog logger fan services use.

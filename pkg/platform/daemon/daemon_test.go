@@ -94,7 +94,7 @@ func TestRuntimeAnnouncesAndServesHealth(t *testing.T) {
 	got := make(chan events.ServiceAnnounce, 4)
 	go func() {
 		_ = watcher.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
-			func(_ events.Envelope, p events.Payload, _ uint64) {
+			func(_ events.Envelope, p events.Decoded, _ uint64) {
 				if a, ok := p.(*events.ServiceAnnounce); ok {
 					got <- *a
 				}

@@ -110,13 +110,13 @@ func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, core: core, lastStatus: map[string]events.GroupStatus{},
+	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version, core: core, lastStatus: map[string]events.GroupStatus{},
 		hold: &leadersHold{}}, nil
 }
 
 type input struct {
 	env events.Envelope
-	p   events.Payload
+	p   events.Decoded
 	at  time.Time // when it arrived: the registry's clock
 }
 
@@ -238,7 +238,7 @@ func (s *Service) Run(ctx context.Context) error {
 
 		inputs := make(chan input, 4096)
 		changes := make(chan lease.Change, 4)
-		toCore := func(env events.Envelope, p events.Payload, _ uint64) {
+		toCore := func(env events.Envelope, p events.Decoded, _ uint64) {
 			select {
 			case inputs <- input{env: env, p: p}:
 			case <-ctx.Done():
@@ -784,7 +784,7 @@ func (s *Service) runRegistry(ctx context.Context) error {
 	watchEnded := make(chan error, 1)
 	go func() {
 		watchEnded <- s.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats(s.cfg.Cluster)}},
-			func(env events.Envelope, p events.Payload, _ uint64) {
+			func(env events.Envelope, p events.Decoded, _ uint64) {
 				hb, ok := p.(*events.NodeHeartbeat)
 				if !ok {
 					return

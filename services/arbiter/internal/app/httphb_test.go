@@ -66,7 +66,7 @@ func TestHTTPHeartbeat(t *testing.T) {
 	watcher := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "test", Node: "w"})
 	go func() {
 		_ = watcher.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats("lab")}, All: true},
-			func(_ events.Envelope, p events.Payload, _ uint64) {
+			func(_ events.Envelope, p events.Decoded, _ uint64) {
 				mu.Lock()
 				beats = append(beats, p.(*events.NodeHeartbeat))
 				mu.Unlock()

@@ -29,7 +29,7 @@ func (s *Service) runWeights(ctx context.Context) {
 		return
 	}
 	_ = s.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats(s.cfg.Cluster)}},
-		func(env events.Envelope, p events.Payload, _ uint64) {
+		func(env events.Envelope, p events.Decoded, _ uint64) {
 			hb, ok := p.(*events.NodeHeartbeat)
 			if !ok {
 				return

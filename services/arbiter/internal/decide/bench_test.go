@@ -61,7 +61,7 @@ func BenchmarkHandleTransition(b *testing.B) {
 		// Placement already happened on n1's heartbeat.
 		id, node = c.groups[0].pending.cmdID, c.groups[0].pending.node
 	}
-	c.Handle(t0, benchEnv(node), events.CommandResult{CommandID: id, CommandType: events.TypeClaimIP, Node: node, Group: "pbx", Outcome: events.OutcomeApplied})
+	c.Handle(t0, benchEnv(node), &events.CommandResult{CommandID: id, CommandType: events.TypeClaimIP, Node: node, Group: "pbx", Outcome: events.OutcomeApplied})
 	holder := node
 	downs := map[string]*events.HealthTransition{}
 	ups := map[string]*events.HealthTransition{}
@@ -80,7 +80,7 @@ func BenchmarkHandleTransition(b *testing.B) {
 		if id == "" {
 			b.Fatalf("no claim after %s went down: %q", holder, summary(out))
 		}
-		c.Handle(t0, benchEnv(node), events.CommandResult{CommandID: id, CommandType: events.TypeClaimIP, Node: node, Group: "pbx", Outcome: events.OutcomeApplied})
+		c.Handle(t0, benchEnv(node), &events.CommandResult{CommandID: id, CommandType: events.TypeClaimIP, Node: node, Group: "pbx", Outcome: events.OutcomeApplied})
 		c.Handle(t0, benchEnv(holder), ups[holder])
 		holder = node
 	}
@@ -126,7 +126,7 @@ func BenchmarkHeartbeats1000(b *testing.B) {
 	}
 	for _, g := range c.groups {
 		p := g.pending
-		c.Handle(now, envs[0], events.CommandResult{CommandID: p.cmdID, CommandType: events.TypeClaimIP, Node: p.node, Group: g.cfg.Name, Outcome: events.OutcomeApplied})
+		c.Handle(now, envs[0], &events.CommandResult{CommandID: p.cmdID, CommandType: events.TypeClaimIP, Node: p.node, Group: g.cfg.Name, Outcome: events.OutcomeApplied})
 		if g.holder == "" {
 			b.Fatalf("group %s not placed", g.cfg.Name)
 		}

@@ -282,8 +282,10 @@ func (c *Core) clock(now time.Time) {
 
 // Handle applies one consumed event. Events of another cluster, of nodes or
 // groups not configured here, and types the arbiter does not use are
-// ignored: they may belong to another arbiter.
-func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Output {
+// ignored: they may belong to another arbiter. p is in its decoded form (a
+// pointer, as events.Decode returns it); a payload value does not compile
+// here, so none can slip past the switch below unseen.
+func (c *Core) Handle(now time.Time, env events.Envelope, p events.Decoded) Output {
 	c.clock(now)
 	var out Output
 	if env.Cluster != c.cfg.Cluster {
@@ -300,28 +302,16 @@ func (c *Core) Handle(now time.Time, env events.Envelope, p events.Payload) Outp
 	}
 	c.affected = c.affected[:0]
 	switch v := p.(type) {
-	case events.HealthTransition:
-		c.onTransition(env, v)
 	case *events.HealthTransition:
 		c.onTransition(env, *v)
-	case events.NodeHeartbeat:
-		c.onHeartbeat(now, env, &v)
 	case *events.NodeHeartbeat:
 		c.onHeartbeat(now, env, v)
-	case events.CommandResult:
-		c.onResult(now, env, v, &out)
 	case *events.CommandResult:
 		c.onResult(now, env, *v, &out)
-	case events.FailbackPermit:
-		c.onPermit(env, v)
 	case *events.FailbackPermit:
 		c.onPermit(env, *v)
-	case events.ReplicationStatus:
-		c.onReplication(now, env, v)
 	case *events.ReplicationStatus:
 		c.onReplication(now, env, *v)
-	case events.CallsSummary:
-		c.onCallsSummary(now, env, v)
 	case *events.CallsSummary:
 		c.onCallsSummary(now, env, *v)
 	}

@@ -298,22 +298,22 @@ func TestRules(t *testing.T) {
 			name: "unknown nodes, groups and clusters are ignored",
 			steps: []step{
 				{name: "heartbeat of n9", do: func(f *fx) Output {
-					return f.handle(f.env("n9", "prober"), events.NodeHeartbeat{Node: "n9", IntervalMS: 1000, Version: "x",
+					return f.handle(f.env("n9", "prober"), &events.NodeHeartbeat{Node: "n9", IntervalMS: 1000, Version: "x",
 						Checks: map[string]events.CheckState{"pbx": {TargetNode: "n9", Role: events.RoleSelf, Health: up}}})
 				}},
 				{name: "n9 says n1 is down", do: func(f *fx) Output {
 					env, tr := f.transition("n9", "n1", "pbx", events.RoleSelf, down)
-					return f.handle(env, tr)
+					return f.handle(env, &tr)
 				}},
 				{name: "other cluster says n1 down", do: func(f *fx) Output {
 					keep := f.self["n1"]
 					env, tr := f.transition("n1", "n1", "pbx", events.RoleSelf, down)
 					f.self["n1"] = keep // that cluster's n1 is not ours
 					env.Cluster = "elsewhere"
-					return f.handle(env, tr)
+					return f.handle(env, &tr)
 				}},
 				{name: "result for unknown group", do: func(f *fx) Output {
-					return f.handle(f.env("n2", "ipmover"), events.CommandResult{CommandID: "x", CommandType: events.TypeClaimIP, Node: "n2", Group: "nope", Outcome: events.OutcomeFailed, Error: "x"})
+					return f.handle(f.env("n2", "ipmover"), &events.CommandResult{CommandID: "x", CommandType: events.TypeClaimIP, Node: "n2", Group: "nope", Outcome: events.OutcomeFailed, Error: "x"})
 				}},
 				{name: "steady", do: run(5 * time.Second)},
 			},
@@ -363,7 +363,7 @@ func TestCausation(t *testing.T) {
 	f.epoch = 7
 	env, tr := f.transition("n1", "n1", "pbx", events.RoleSelf, down)
 	env.CorrelationID = "0193a1b2-0000-7000-a000-000000000001"
-	out := f.handle(env, tr)
+	out := f.handle(env, &tr)
 	if got := summary(out); !eq(got, []string{"failover n1->n2", "release n1", "claim n2 prev=n1 fenced"}) {
 		t.Fatalf("got %q", got)
 	}
@@ -402,7 +402,7 @@ func TestCausation(t *testing.T) {
 	}
 	// A late "applied" for the abandoned claim changes nothing: it was released.
 	late := f.env("n2", "ipmover")
-	out = f.handle(late, events.CommandResult{CommandID: claimID, CommandType: events.TypeClaimIP, Node: "n2", Group: "pbx", Outcome: events.OutcomeApplied})
+	out = f.handle(late, &events.CommandResult{CommandID: claimID, CommandType: events.TypeClaimIP, Node: "n2", Group: "pbx", Outcome: events.OutcomeApplied})
 	if len(out.Emits) != 0 || f.c.Snapshot().Groups[0].Claim.Node != "n3" {
 		t.Fatalf("late result acted on: %q", summary(out))
 	}

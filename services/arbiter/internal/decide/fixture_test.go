@@ -85,7 +85,7 @@ func (f *fx) env(node, service string) events.Envelope {
 	return events.Envelope{ID: id, Time: f.now, Source: events.Source{Service: service, Node: node}, Cluster: "lab"}
 }
 
-func (f *fx) handle(env events.Envelope, p events.Payload) Output {
+func (f *fx) handle(env events.Envelope, p events.Decoded) Output {
 	out := f.c.Handle(f.now, env, p)
 	f.check(out)
 	if f.onOut != nil {
@@ -110,7 +110,7 @@ func (f *fx) hb(node string) Output {
 	if n, ok := f.calls[node]; ok {
 		hb.ActiveCalls = &n
 	}
-	return f.handle(f.env(node, "prober"), hb)
+	return f.handle(f.env(node, "prober"), &hb)
 }
 
 // op sends an operator action through Operate, as the shell would.
@@ -128,12 +128,12 @@ func (f *fx) op(verb events.OperatorVerb, group, node, reason string) (Reply, Ou
 
 // permit delivers a failback permit valid over [from, until).
 func (f *fx) permit(group string, from, until time.Time) Output {
-	return f.handle(f.env("ctl1", "scheduler"), events.FailbackPermit{Group: group, Window: "nightly", ValidFrom: from, ValidUntil: until})
+	return f.handle(f.env("ctl1", "scheduler"), &events.FailbackPermit{Group: group, Window: "nightly", ValidFrom: from, ValidUntil: until})
 }
 
 // repl delivers a replication report from node to peer.
 func (f *fx) repl(node, peer, tree string, caughtUp bool) Output {
-	return f.handle(f.env(node, "replicator"), events.ReplicationStatus{Node: node, Peer: peer, Tree: tree, CaughtUp: caughtUp})
+	return f.handle(f.env(node, "replicator"), &events.ReplicationStatus{Node: node, Peer: peer, Tree: tree, CaughtUp: caughtUp})
 }
 
 func (f *fx) transition(observer, target, check string, role events.Role, to events.Health) (events.Envelope, events.HealthTransition) {
@@ -167,7 +167,7 @@ func (f *fx) setSelf(node string, h events.Health) Output {
 
 func (f *fx) setPeer(observer, target string, h events.Health) Output {
 	env, tr := f.transition(observer, target, "peer-"+target, events.RolePeer, h)
-	return f.handle(env, tr)
+	return f.handle(env, &tr)
 }
 
 func (f *fx) result(group, node string, o events.Outcome) Output {
@@ -178,7 +178,7 @@ func (f *fx) result(group, node string, o events.Outcome) Output {
 	if o != events.OutcomeApplied && o != events.OutcomeDuplicate {
 		r.Error = "test says " + string(o)
 	}
-	return f.handle(env, r)
+	return f.handle(env, &r)
 }
 
 func (f *fx) tick(d time.Duration) Output {

@@ -386,7 +386,7 @@ func (w *world) step() {
 	case k < 99: // an operator acts
 		w.operate()
 	default: // a node of another group or cluster speaks
-		out := f.handle(f.env("n9", "prober"), events.NodeHeartbeat{Node: "n9", IntervalMS: 1000, Version: "x",
+		out := f.handle(f.env("n9", "prober"), &events.NodeHeartbeat{Node: "n9", IntervalMS: 1000, Version: "x",
 			Checks: map[string]events.CheckState{"pbx": {TargetNode: "n9", Role: events.RoleSelf, Health: events.HealthUp}}})
 		if len(out.Emits) != 0 {
 			w.fail("an unknown node caused %q", summary(out))

@@ -111,15 +111,17 @@ func NewMapper(cluster string, groups []Group) *Mapper {
 
 // Handler is Map as a bus.EventHandler feeding offer.
 func (m *Mapper) Handler(offer func(Event)) bus.EventHandler {
-	return func(env events.Envelope, p events.Payload, _ uint64) {
+	return func(env events.Envelope, p events.Decoded, _ uint64) {
 		for _, ev := range m.Map(env, p) {
 			offer(ev)
 		}
 	}
 }
 
-// Map returns the hook events env reports (often none).
-func (m *Mapper) Map(env events.Envelope, p events.Payload) []Event {
+// Map returns the hook events env reports (often none). p is in its decoded
+// form (a pointer, as events.Decode returns it): the switch below matches
+// pointers only, and a payload value does not compile here.
+func (m *Mapper) Map(env events.Envelope, p events.Decoded) []Event {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if env.Cluster != m.cluster {

@@ -13,7 +13,7 @@ type trail struct {
 	m *Mapper
 }
 
-func (tr trail) feed(service, node string, p events.Payload, opts ...events.Option) (events.Envelope, []Event) {
+func (tr trail) feed(service, node string, p events.Decoded, opts ...events.Option) (events.Envelope, []Event) {
 	tr.t.Helper()
 	env, err := events.New(events.Source{Service: service, Node: node}, "lab", p, opts...)
 	if err != nil {

@@ -67,7 +67,7 @@ import (
 // Record is one stored event, decoded as the services decode it.
 type Record struct {
 	Env     events.Envelope
-	Payload events.Payload
+	Payload events.Decoded
 	// Stored is when its stream stored it (bus.Stored.At), by the
 	// stream's clock; zero when unknown.
 	Stored time.Time

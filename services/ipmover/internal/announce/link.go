@@ -77,7 +77,7 @@ func Open(ifname string, log *slog.Logger, opts ...Option) (*Link, error) {
 	err := l.inNS(func() error {
 		ifi, err := net.InterfaceByName(ifname)
 		if err != nil {
-			return fmt.Errorf("announce: interface %s: %w", ifname, err)
+			return fmt.Errorf("interface %s: %w", ifname, err)
 		}
 		if len(ifi.HardwareAddr) != 6 {
 			return fmt.Errorf("announce: interface %s has no Ethernet address", ifname)
@@ -85,7 +85,7 @@ func Open(ifname string, log *slog.Logger, opts ...Option) (*Link, error) {
 		l.ifi = ifi
 		l.arpConn, err = packet.Listen(ifi, packet.Raw, 0, nil)
 		if err != nil {
-			return fmt.Errorf("announce: packet socket on %s: %w", ifname, err)
+			return fmt.Errorf("packet socket on %s: %w", ifname, err)
 		}
 		// IPv6 may be disabled, or the link-local address still tentative;
 		// SendNA then falls back to sending from the floating address.
@@ -149,7 +149,7 @@ func (l *Link) SendGARP(ip netip.Addr, reply bool) error {
 	}
 	if err := l.sendARP(op, ip, tha, ip); err != nil {
 		l.sendErr.Add(1)
-		return fmt.Errorf("announce: gratuitous ARP %v for %v on %s: %w", op, ip, l.ifi.Name, err)
+		return fmt.Errorf("gratuitous ARP %v for %v on %s: %w", op, ip, l.ifi.Name, err)
 	}
 	ctr.Add(1)
 	return nil
@@ -208,7 +208,7 @@ func (l *Link) SendNA(ip netip.Addr) error {
 	// DAD, so it is usable the moment it is on the interface.
 	if ferr := l.sendNAFrom(na, ip); ferr != nil {
 		l.sendErr.Add(1)
-		return fmt.Errorf("announce: neighbour advertisement for %v on %s: %w", ip, l.ifi.Name, errors.Join(err, ferr))
+		return fmt.Errorf("neighbour advertisement for %v on %s: %w", ip, l.ifi.Name, errors.Join(err, ferr))
 	}
 	l.nas.Add(1)
 	return nil
@@ -248,7 +248,7 @@ func (l *Link) Probe(ctx context.Context, ip netip.Addr, wait time.Duration) (ne
 		return err
 	})
 	if err != nil {
-		return nil, false, fmt.Errorf("announce: probe socket on %s: %w", l.ifi.Name, err)
+		return nil, false, fmt.Errorf("probe socket on %s: %w", l.ifi.Name, err)
 	}
 	defer rc.Close()
 
@@ -257,7 +257,7 @@ func (l *Link) Probe(ctx context.Context, ip netip.Addr, wait time.Duration) (ne
 		deadline = d
 	}
 	if err := rc.SetReadDeadline(deadline); err != nil {
-		return nil, false, fmt.Errorf("announce: probe deadline: %w", err)
+		return nil, false, fmt.Errorf("probe deadline: %w", err)
 	}
 	stopCancel := context.AfterFunc(ctx, func() { rc.SetReadDeadline(time.Now()) })
 	defer stopCancel()
@@ -266,7 +266,7 @@ func (l *Link) Probe(ctx context.Context, ip netip.Addr, wait time.Duration) (ne
 	probe := func() error {
 		if err := l.sendARP(arp.OperationRequest, netip.IPv4Unspecified(), zeroMAC, ip); err != nil {
 			l.sendErr.Add(1)
-			return fmt.Errorf("announce: ARP probe for %v on %s: %w", ip, l.ifi.Name, err)
+			return fmt.Errorf("ARP probe for %v on %s: %w", ip, l.ifi.Name, err)
 		}
 		l.probes.Add(1)
 		return nil
@@ -292,7 +292,7 @@ func (l *Link) Probe(ctx context.Context, ip netip.Addr, wait time.Duration) (ne
 			if errors.As(err, &ne) && ne.Timeout() {
 				return nil, false, nil
 			}
-			return nil, false, fmt.Errorf("announce: read ARP on %s: %w", l.ifi.Name, err)
+			return nil, false, fmt.Errorf("read ARP on %s: %w", l.ifi.Name, err)
 		}
 		var f ethernet.Frame
 		if f.UnmarshalBinary(buf[:n]) != nil || f.EtherType != ethernet.EtherTypeARP {
@@ -322,7 +322,7 @@ func (l *Link) inNS(fn func() error) error {
 	go func() {
 		runtime.LockOSThread()
 		if err := netns.Set(l.ns); err != nil {
-			errc <- fmt.Errorf("announce: enter namespace: %w", err)
+			errc <- fmt.Errorf("enter namespace: %w", err)
 			return
 		}
 		errc <- fn()

@@ -40,7 +40,7 @@ func (l *Link) WatchARP(ctx context.Context, fn func(Seen)) error {
 		return err
 	})
 	if err != nil {
-		return fmt.Errorf("announce: ARP watch socket on %s: %w", l.ifi.Name, err)
+		return fmt.Errorf("ARP watch socket on %s: %w", l.ifi.Name, err)
 	}
 	defer rc.Close()
 	stop := context.AfterFunc(ctx, func() { rc.SetReadDeadline(time.Now()) })
@@ -58,7 +58,7 @@ func (l *Link) WatchARP(ctx context.Context, fn func(Seen)) error {
 			if errors.As(err, &ne) && ne.Timeout() {
 				continue
 			}
-			return fmt.Errorf("announce: read ARP on %s: %w", l.ifi.Name, err)
+			return fmt.Errorf("read ARP on %s: %w", l.ifi.Name, err)
 		}
 		var f ethernet.Frame
 		if f.UnmarshalBinary(buf[:n]) != nil || f.EtherType != ethernet.EtherTypeARP {

@@ -187,7 +187,7 @@ type Service struct {
 
 // New builds a dispatcher executor from a validated configuration.
 func New(cfg Config, log *slog.Logger, version string) *Service {
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version}
+	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version}
 }
 
 // Run keeps the set in step until ctx ends; the set stays as last set.
@@ -338,7 +338,7 @@ func (x *dispatchExecutor) syncStates(ctx context.Context, force bool) {
 // It returns an error only when it cannot follow them.
 func (x *dispatchExecutor) watchWeights(ctx context.Context, b *bus.Bus) error {
 	err := b.Watch(ctx, bus.WatchOptions{Subjects: []string{events.WeightsSubject(x.cluster, x.cfg.Group)}, LastPerSubject: true},
-		func(_ events.Envelope, p events.Payload, _ uint64) {
+		func(_ events.Envelope, p events.Decoded, _ uint64) {
 			w, ok := p.(*events.DispatcherWeights)
 			if !ok {
 				return

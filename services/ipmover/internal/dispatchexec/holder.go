@@ -17,12 +17,12 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
-// Step names of the dispatcher executor's results (mode holder), each
-// noted once Kamailio, read back, shows the states.
+// Step names of the dispatcher executor's results (mode holder, named in
+// events), each noted once Kamailio, read back, shows the states.
 const (
-	StepHolderActive   = "dispatcher_holder_active"
-	StepOthersDisabled = "dispatcher_others_disabled"
-	StepNodeDisabled   = "dispatcher_node_disabled"
+	StepHolderActive   = events.StepDispatcherHolderActive
+	StepOthersDisabled = events.StepDispatcherOthersDisabled
+	StepNodeDisabled   = events.StepDispatcherNodeDisabled
 )
 
 // holderExecutor carries out the arbiter's claims and releases for the

@@ -23,12 +23,12 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
-// Step names of the DNS executor's results.
+// Step names of the DNS executor's results (named in events).
 const (
-	StepDNSAccepted      = "dns_update_accepted"
-	StepDNSVerified      = "dns_verified" // suffixed with ":<server>", one per authoritative server
-	StepDNSAlreadyServed = "dns_already_served"
-	StepDNSReleaseNoop   = "dns_release_noop"
+	StepDNSAccepted      = events.StepDNSUpdateAccepted
+	StepDNSVerified      = events.StepDNSVerified // suffixed with ":<server>", one per authoritative server
+	StepDNSAlreadyServed = events.StepDNSAlreadyServed
+	StepDNSReleaseNoop   = events.StepDNSReleaseNoop
 )
 
 // Config is the DNS executor's configuration: the keys of the ipmover's
@@ -133,7 +133,7 @@ type Service struct {
 
 // New builds a DNS executor from a validated configuration.
 func New(cfg Config, log *slog.Logger, version string) *Service {
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version}
+	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version}
 }
 
 // Run executes the sites' commands until ctx ends. The run group's one
@@ -234,7 +234,7 @@ func (x *dnsExecutor) claim(ctx context.Context, c *events.ClaimIP, at func(stri
 		at(StepDNSAccepted, res.Sent.Add(res.UpdateRTT))
 		for _, sv := range res.Servers {
 			if sv.Verified {
-				at(StepDNSVerified+":"+sv.Server, res.Sent.Add(sv.Elapsed))
+				at(events.StepOn(StepDNSVerified, sv.Server), res.Sent.Add(sv.Elapsed))
 			}
 		}
 	}

@@ -24,8 +24,8 @@ import (
 
 // Step names of the primaries' mode, each suffixed with ":<server>".
 const (
-	StepDNSServerAccepted = "dns_update_accepted" // the server took the update
-	StepDNSServerServed   = "dns_already_served"  // the server served the site already
+	StepDNSServerAccepted = events.StepDNSUpdateAccepted // the server took the update
+	StepDNSServerServed   = events.StepDNSAlreadyServed  // the server served the site already
 )
 
 // DefaultResync is dns.resync's default.
@@ -233,11 +233,11 @@ func (x *primariesExecutor) claim(ctx context.Context, env events.Envelope, c *e
 		switch mv.Outcome {
 		case dnsupdate.MoveUpdated:
 			inLine = append(inLine, mv.Server)
-			steps = append(steps, step{StepDNSServerAccepted + ":" + mv.Server, mv.Sent.Add(mv.Accepted)},
-				step{StepDNSVerified + ":" + mv.Server, mv.Sent.Add(mv.Verified)})
+			steps = append(steps, step{events.StepOn(StepDNSServerAccepted, mv.Server), mv.Sent.Add(mv.Accepted)},
+				step{events.StepOn(StepDNSVerified, mv.Server), mv.Sent.Add(mv.Verified)})
 		case dnsupdate.MoveAlready:
 			inLine = append(inLine, mv.Server)
-			steps = append(steps, step{StepDNSServerServed + ":" + mv.Server, time.Now()})
+			steps = append(steps, step{events.StepOn(StepDNSServerServed, mv.Server), time.Now()})
 		case dnsupdate.MoveUnreachable:
 			unreachable = append(unreachable, fmt.Sprintf("%s (%v)", mv.Server, mv.Err))
 		default:

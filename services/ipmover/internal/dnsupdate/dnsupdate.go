@@ -161,54 +161,54 @@ func (c *Config) validate() error {
 	var errs []error
 	switch {
 	case c.Primary == "" && len(c.Primaries) == 0:
-		errs = append(errs, errors.New("primary (or primaries, one per site) is required"))
+		errs = append(errs, errors.New("dnsupdate: primary (or primaries, one per site) is required"))
 	case c.Primary != "" && len(c.Primaries) > 0:
-		errs = append(errs, errors.New("primary and primaries exclude each other: one primary (with servers to verify on), or one primary per site"))
+		errs = append(errs, errors.New("dnsupdate: primary and primaries exclude each other: one primary (with servers to verify on), or one primary per site"))
 	case len(c.Primaries) > 0 && len(c.Servers) > 0:
-		errs = append(errs, errors.New("servers is for one primary's secondaries; with primaries, each primary is verified on itself"))
+		errs = append(errs, errors.New("dnsupdate: servers is for one primary's secondaries; with primaries, each primary is verified on itself"))
 	}
 	for i, p := range c.Primaries {
 		if slices.Contains(c.Primaries[:i], p) {
-			errs = append(errs, fmt.Errorf("primaries: %s is listed twice", p))
+			errs = append(errs, fmt.Errorf("dnsupdate: primaries: %s is listed twice", p))
 		}
 	}
 	if c.Key.Name == "." || c.Key.Secret == "" {
-		errs = append(errs, errors.New("key name and secret are required"))
+		errs = append(errs, errors.New("dnsupdate: key name and secret are required"))
 	}
 	if !dns.IsSubDomain(c.Zone, c.Name) || c.Zone == "." {
-		errs = append(errs, fmt.Errorf("name %s is not inside zone %s", c.Name, c.Zone))
+		errs = append(errs, fmt.Errorf("dnsupdate: name %s is not inside zone %s", c.Name, c.Zone))
 	}
 	if len(c.Types) == 0 {
-		errs = append(errs, errors.New("types: at least one of A, AAAA, SRV is required"))
+		errs = append(errs, errors.New("dnsupdate: types: at least one of A, AAAA, SRV is required"))
 	}
 	for _, t := range c.Types {
 		switch t {
 		case TypeA, TypeAAAA:
 		case TypeSRV:
 			if c.SRVName == "" || !dns.IsSubDomain(c.Zone, c.SRVName) {
-				errs = append(errs, fmt.Errorf("types has SRV: srv_name %q must be inside zone %s", c.SRVName, c.Zone))
+				errs = append(errs, fmt.Errorf("dnsupdate: types has SRV: srv_name %q must be inside zone %s", c.SRVName, c.Zone))
 			}
 		default:
-			errs = append(errs, fmt.Errorf("types: unsupported type %q", t))
+			errs = append(errs, fmt.Errorf("dnsupdate: types: unsupported type %q", t))
 		}
 	}
 	if len(c.Sites) < 2 {
-		errs = append(errs, errors.New("sites: at least two are required"))
+		errs = append(errs, errors.New("dnsupdate: sites: at least two are required"))
 	}
 	for name, v := range c.Sites {
 		for _, a := range v.A {
 			if !a.Unmap().Is4() {
-				errs = append(errs, fmt.Errorf("site %s: A value %s is not IPv4", name, a))
+				errs = append(errs, fmt.Errorf("dnsupdate: site %s: A value %s is not IPv4", name, a))
 			}
 		}
 		for _, a := range v.AAAA {
 			if !a.Is6() || a.Is4In6() {
-				errs = append(errs, fmt.Errorf("site %s: AAAA value %s is not IPv6", name, a))
+				errs = append(errs, fmt.Errorf("dnsupdate: site %s: AAAA value %s is not IPv6", name, a))
 			}
 		}
 	}
 	if c.TTL%time.Second != 0 || c.TTL < 0 || c.TTL > 1<<31*time.Second {
-		errs = append(errs, fmt.Errorf("ttl %s must be whole seconds", c.TTL))
+		errs = append(errs, fmt.Errorf("dnsupdate: ttl %s must be whole seconds", c.TTL))
 	}
 	return errors.Join(errs...)
 }
@@ -257,7 +257,7 @@ func New(cfg Config, log *slog.Logger) (*Updater, error) {
 	cfg.Types = append([]string(nil), cfg.Types...)
 	cfg.setDefaults()
 	if err := cfg.validate(); err != nil {
-		return nil, fmt.Errorf("dnsupdate config: %w", err)
+		return nil, fmt.Errorf("config: %w", err)
 	}
 	return &Updater{cfg: cfg, log: log}, nil
 }
@@ -273,20 +273,20 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 	from, okF := u.cfg.Sites[spec.From]
 	to, okT := u.cfg.Sites[spec.To]
 	if !okF || !okT {
-		return Result{}, fmt.Errorf("dnsupdate swap %s->%s: unknown site", spec.From, spec.To)
+		return Result{}, fmt.Errorf("dnsupdate: swap %s->%s: unknown site", spec.From, spec.To)
 	}
 	from, to = from.only(u.cfg.Types), to.only(u.cfg.Types)
 	if from.Equal(to) {
 		// named would accept it without bumping the serial, and verification
 		// could never see a newer serial.
-		return Result{}, fmt.Errorf("dnsupdate swap %s->%s: sites have the same records %s", spec.From, spec.To, to)
+		return Result{}, fmt.Errorf("dnsupdate: swap %s->%s: sites have the same records %s", spec.From, spec.To, to)
 	}
 	log := u.log.With("zone", u.cfg.Zone, "name", u.cfg.Name, "from_site", spec.From, "to_site", spec.To)
 
 	primary := u.oneShot(u.cfg.Primary)
 	before, err := u.serial(ctx, primary)
 	if err != nil {
-		return Result{}, fmt.Errorf("dnsupdate swap %s->%s: reading serial before: %w", spec.From, spec.To, err)
+		return Result{}, fmt.Errorf("swap %s->%s: reading serial before: %w", spec.From, spec.To, err)
 	}
 	res := Result{SerialBefore: before}
 
@@ -295,7 +295,7 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 	rcode, err := u.send(ctx, primary, u.updateMsg(from, to))
 	res.UpdateRTT = time.Since(sent)
 	if err != nil {
-		return res, fmt.Errorf("dnsupdate swap %s->%s: %w", spec.From, spec.To, err)
+		return res, fmt.Errorf("swap %s->%s: %w", spec.From, spec.To, err)
 	}
 	switch rcode {
 	case dns.RcodeSuccess:
@@ -305,13 +305,13 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 		se.AlreadyApplied = se.ReadErr == nil && se.Current.Equal(to)
 		log.Warn("dns swap prerequisite failed", "rcode", se.Rcode, "current", se.Current.String(),
 			"serial", se.Serial, "already_applied", se.AlreadyApplied)
-		return res, fmt.Errorf("dnsupdate swap %s->%s: %w", spec.From, spec.To, se)
+		return res, fmt.Errorf("swap %s->%s: %w", spec.From, spec.To, se)
 	case dns.RcodeRefused:
-		return res, fmt.Errorf("dnsupdate swap %s->%s: primary %s: %w (REFUSED)", spec.From, spec.To, u.cfg.Primary, ErrRefused)
+		return res, fmt.Errorf("swap %s->%s: primary %s: %w (REFUSED)", spec.From, spec.To, u.cfg.Primary, ErrRefused)
 	case dns.RcodeNotAuth:
-		return res, fmt.Errorf("dnsupdate swap %s->%s: primary %s: %w (NOTAUTH)", spec.From, spec.To, u.cfg.Primary, ErrNotAuth)
+		return res, fmt.Errorf("swap %s->%s: primary %s: %w (NOTAUTH)", spec.From, spec.To, u.cfg.Primary, ErrNotAuth)
 	default:
-		return res, fmt.Errorf("dnsupdate swap %s->%s: primary %s: %w (%s)", spec.From, spec.To, u.cfg.Primary,
+		return res, fmt.Errorf("swap %s->%s: primary %s: %w (%s)", spec.From, spec.To, u.cfg.Primary,
 			ErrRejected, dns.RcodeToString[rcode])
 	}
 	log.Info("dns update accepted", "serial_before", before, "rtt", res.UpdateRTT, "values", to.String())
@@ -326,7 +326,7 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 		}
 	}
 	if len(lag) > 0 {
-		return res, fmt.Errorf("dnsupdate swap %s->%s: %w: %s", spec.From, spec.To, ErrUnverified, strings.Join(lag, ", "))
+		return res, fmt.Errorf("swap %s->%s: %w: %s", spec.From, spec.To, ErrUnverified, strings.Join(lag, ", "))
 	}
 	return res, nil
 }
@@ -335,7 +335,7 @@ func (u *Updater) Swap(ctx context.Context, spec Spec) (Result, error) {
 func (u *Updater) Current(ctx context.Context) (Values, uint32, error) {
 	v, serial, err := u.read(ctx, u.oneShot(u.cfg.Primary))
 	if err != nil {
-		return Values{}, 0, fmt.Errorf("dnsupdate: reading %s from %s: %w", u.cfg.Name, u.cfg.Primary, err)
+		return Values{}, 0, fmt.Errorf("reading %s from %s: %w", u.cfg.Name, u.cfg.Primary, err)
 	}
 	return v, serial, nil
 }

@@ -135,7 +135,7 @@ func (u *Updater) move(ctx context.Context, s *session, from, to string) ServerM
 	mv := ServerMove{Server: server}
 	want, ok := u.SiteValues(to)
 	if !ok {
-		mv.Outcome, mv.Err = MoveRefused, fmt.Errorf("dnsupdate move on %s: unknown site %s", server, to)
+		mv.Outcome, mv.Err = MoveRefused, fmt.Errorf("dnsupdate: move on %s: unknown site %s", server, to)
 		return mv
 	}
 	log := u.log.With("zone", u.cfg.Zone, "name", u.cfg.Name, "server", server, "to_site", to)
@@ -168,7 +168,7 @@ func (u *Updater) move(ctx context.Context, s *session, from, to string) ServerM
 		return mv
 	case before.Site == "" && !before.Values.Equal(want):
 		mv.Outcome = MoveRefused
-		mv.Err = fmt.Errorf("%s serves %s at serial %d, which is no configured site: not overwriting what someone else wrote",
+		mv.Err = fmt.Errorf("dnsupdate: %s serves %s at serial %d, which is no configured site: not overwriting what someone else wrote",
 			server, before.Values, before.Serial)
 		return mv
 	}

@@ -33,15 +33,16 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
-// The contract's own steps, in every applied command's result before the
-// executor's: received; the epoch found to be a lease term (a read of the
-// lease's records at a term's first command, else the cache); the command
-// recorded on disk (an fdatasync). A slow failover shows here whether the
-// time went to the bus, to the disk or to the executor.
+// The contract's own steps (named in events), in every applied command's
+// result before the executor's: received; the epoch found to be a lease
+// term (a read of the lease's records at a term's first command, else the
+// cache); the command recorded on disk (an fdatasync). A slow failover
+// shows here whether the time went to the bus, to the disk or to the
+// executor.
 const (
-	StepReceived    = "received"
-	StepTermChecked = "term_checked"
-	StepRecorded    = "recorded"
+	StepReceived    = events.StepReceived
+	StepTermChecked = events.StepTermChecked
+	StepRecorded    = events.StepRecorded
 )
 
 // ErrNotAllowed refuses a command outside the executor's own configuration

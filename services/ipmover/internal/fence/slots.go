@@ -55,7 +55,7 @@ func isSlotFile(b []byte) bool { return len(b) > 0 && b[0] != '{' }
 // payload.
 func readSlots(b []byte) (slotFile, []byte, error) {
 	if len(b)%2 != 0 || len(b) < 2*slotHeaderLen || len(b) > 2*maxSlotSize {
-		return slotFile{}, nil, fmt.Errorf("%d bytes is not two state slots", len(b))
+		return slotFile{}, nil, fmt.Errorf("fence: %d bytes is not two state slots", len(b))
 	}
 	size := len(b) / 2
 	best := slotFile{}
@@ -79,18 +79,18 @@ func readSlots(b []byte) (slotFile, []byte, error) {
 
 func parseSlot(b []byte) (uint64, []byte, error) {
 	if string(b[:len(slotMagic)]) != slotMagic {
-		return 0, nil, errors.New("no slot header")
+		return 0, nil, errors.New("fence: no slot header")
 	}
 	h := b[len(slotMagic):slotHeaderLen]
 	seq := binary.LittleEndian.Uint64(h[0:8])
 	n := binary.LittleEndian.Uint32(h[8:12])
 	sum := binary.LittleEndian.Uint32(h[12:16])
 	if int64(n) > int64(len(b)-slotHeaderLen) {
-		return 0, nil, fmt.Errorf("payload of %d bytes in a %d-byte slot", n, len(b))
+		return 0, nil, fmt.Errorf("fence: payload of %d bytes in a %d-byte slot", n, len(b))
 	}
 	payload := b[slotHeaderLen : slotHeaderLen+int(n)]
 	if checksum(h[0:12], payload) != sum {
-		return 0, nil, errors.New("checksum mismatch (a write cut short)")
+		return 0, nil, errors.New("fence: checksum mismatch (a write cut short)")
 	}
 	return seq, payload, nil
 }
@@ -120,23 +120,23 @@ func writeSlot(path string, f slotFile, payload []byte) (slotFile, error) {
 		return createSlots(path, f.seq+1, payload)
 	}
 	if err != nil {
-		return f, fmt.Errorf("fence: open state file: %w", err)
+		return f, fmt.Errorf("open state file: %w", err)
 	}
 	defer file.Close()
 	if fi, err := file.Stat(); err != nil {
-		return f, fmt.Errorf("fence: stat state file: %w", err)
+		return f, fmt.Errorf("stat state file: %w", err)
 	} else if fi.Size() != int64(2*f.size) {
 		return createSlots(path, f.seq+1, payload)
 	}
 	next := slotFile{size: f.size, seq: f.seq + 1, slot: 1 - f.slot}
 	if _, err := file.WriteAt(encodeSlot(next.seq, payload), int64(next.slot*f.size)); err != nil {
-		return f, fmt.Errorf("fence: write state slot: %w", err)
+		return f, fmt.Errorf("write state slot: %w", err)
 	}
 	if err := fdatasync(file); err != nil {
-		return f, fmt.Errorf("fence: fdatasync %s: %w", path, err)
+		return f, fmt.Errorf("fdatasync %s: %w", path, err)
 	}
 	if err := file.Close(); err != nil {
-		return f, fmt.Errorf("fence: close state file: %w", err)
+		return f, fmt.Errorf("close state file: %w", err)
 	}
 	return next, nil
 }
@@ -172,7 +172,7 @@ func createSlots(path string, seq uint64, payload []byte) (slotFile, error) {
 	b := make([]byte, 2*size)
 	copy(b, encodeSlot(seq, payload))
 	if err := durablefile.Write(path, b, 0o600); err != nil {
-		return slotFile{}, fmt.Errorf("fence: %w", err)
+		return slotFile{}, fmt.Errorf("create state slots: %w", err)
 	}
 	return slotFile{size: size, seq: seq, slot: 0}, nil
 }

@@ -57,7 +57,7 @@ func Open(path string, keep int) (*Store, error) {
 	case errors.Is(err, fs.ErrNotExist):
 		return s, nil
 	case err != nil:
-		return nil, fmt.Errorf("fence: read state %s: %w", path, err)
+		return nil, fmt.Errorf("read state %s: %w", path, err)
 	}
 	if isSlotFile(b) {
 		f, payload, err := readSlots(b)
@@ -85,7 +85,7 @@ func decode(b []byte) (State, error) {
 		return State{}, err
 	}
 	if f.Version != fileVersion {
-		return State{}, fmt.Errorf("unknown version %d", f.Version)
+		return State{}, fmt.Errorf("fence: unknown version %d", f.Version)
 	}
 	return f.State, nil
 }
@@ -167,7 +167,7 @@ func (s *Store) Snapshot() State {
 func (s *Store) write(next State) error {
 	payload, err := json.Marshal(fileFormat{Version: fileVersion, State: next})
 	if err != nil {
-		return fmt.Errorf("fence: encode state: %w", err)
+		return fmt.Errorf("encode state: %w", err)
 	}
 	if s.file.fits(len(payload)) {
 		f, err := writeSlot(s.path, s.file, payload)

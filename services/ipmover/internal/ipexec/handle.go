@@ -20,19 +20,19 @@ import (
 	"github.com/fanpbx/fan/services/ipmover/internal/reconcile"
 )
 
-// Step names of a claim, in order. They are the result event's step names
-// and the metric's step label.
+// Step names of a claim, in order (named in events). They are the result
+// event's step names and the metric's step label.
 const (
-	StepReceived      = execute.StepReceived
-	StepReleased      = "releases_confirmed"   // every release the claim names was answered
-	StepNotReleased   = "releases_unconfirmed" // claim.release_wait passed first
-	StepProbed        = "probed"
-	StepAddressAdded  = "address_added"
-	StepAnnounced     = "first_announcement_sent"
-	StepGateway       = "gateway_applied"
-	StepPBXAnswering  = "pbx_answering"
-	StepPBXVerified   = "pbx_verified"
-	StepAddressRemove = "address_removed"
+	StepReceived      = events.StepReceived
+	StepReleased      = events.StepReleasesConfirmed   // every release the claim names was answered
+	StepNotReleased   = events.StepReleasesUnconfirmed // claim.release_wait passed first
+	StepProbed        = events.StepProbed
+	StepAddressAdded  = events.StepAddressAdded
+	StepAnnounced     = events.StepAnnounced
+	StepGateway       = events.StepGatewayApplied
+	StepPBXAnswering  = events.StepPBXAnswering
+	StepPBXVerified   = events.StepPBXVerified
+	StepAddressRemove = events.StepAddressRemoved
 )
 
 // ErrHeldElsewhere refuses a claim whose address another MAC answers for
@@ -685,7 +685,7 @@ func (s *Service) awaitReleases(ctx context.Context, env events.Envelope, ids []
 	go func() {
 		defer close(watched)
 		_ = s.watch(ctx, bus.WatchOptions{Subjects: []string{events.AllCommandResults(s.cfg.Cluster)}, Since: env.Time.Add(-releaseLookBack)},
-			func(_ events.Envelope, p events.Payload, _ uint64) {
+			func(_ events.Envelope, p events.Decoded, _ uint64) {
 				r, ok := p.(*events.CommandResult)
 				if !ok {
 					return

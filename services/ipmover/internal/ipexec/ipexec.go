@@ -108,7 +108,7 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 		al = &allow.List{} // Validate refuses such a file; allow nothing
 	}
 	bgCtx, stop := context.WithCancel(context.Background())
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, ns: netns.None(), allow: al,
+	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version, ns: netns.None(), allow: al,
 		claims: map[string]conflict.Claim{}, groups: map[string][]netip.Prefix{}, bgCtx: bgCtx, stopBackground: stop}
 }
 

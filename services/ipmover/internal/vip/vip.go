@@ -77,7 +77,7 @@ func New(ifname string, log *slog.Logger, opts ...Option) (*Manager, error) {
 		m.h, err = netlink.NewHandle()
 	}
 	if err != nil {
-		return nil, fmt.Errorf("vip: netlink handle: %w", err)
+		return nil, fmt.Errorf("netlink handle: %w", err)
 	}
 	if _, err := m.link(); err != nil {
 		m.h.Close()
@@ -102,7 +102,7 @@ func (m *Manager) Interface() string { return m.ifname }
 func (m *Manager) link() (netlink.Link, error) {
 	l, err := m.h.LinkByName(m.ifname)
 	if err != nil {
-		return nil, fmt.Errorf("vip: interface %s: %w", m.ifname, err)
+		return nil, fmt.Errorf("interface %s: %w", m.ifname, err)
 	}
 	m.index.Store(int32(l.Attrs().Index))
 	return l, nil
@@ -139,13 +139,13 @@ func (m *Manager) Replace(p netip.Prefix) error {
 			if a.prefix == p && a.flags&unix.IFA_F_DADFAILED != 0 {
 				m.log.Warn("address is dadfailed; deleting it before adding it back", "address", p)
 				if err := m.h.AddrDel(l, m.nlAddr(p)); err != nil && !isAbsent(err) {
-					return fmt.Errorf("vip: delete dadfailed %s from %s: %w", p, m.ifname, err)
+					return fmt.Errorf("delete dadfailed %s from %s: %w", p, m.ifname, err)
 				}
 			}
 		}
 	}
 	if err := m.h.AddrReplace(l, m.nlAddr(p)); err != nil {
-		return fmt.Errorf("vip: add %s to %s: %w", p, m.ifname, err)
+		return fmt.Errorf("add %s to %s: %w", p, m.ifname, err)
 	}
 	return nil
 }
@@ -164,7 +164,7 @@ func (m *Manager) Delete(p netip.Prefix) error {
 	// whose label matches the one given, and an address that must go may
 	// carry another label (added by hand, or by an older fan).
 	if err := m.h.AddrDel(l, &netlink.Addr{IPNet: prefixToIPNet(p)}); err != nil && !isAbsent(err) {
-		return fmt.Errorf("vip: delete %s from %s: %w", p, m.ifname, err)
+		return fmt.Errorf("delete %s from %s: %w", p, m.ifname, err)
 	}
 	return nil
 }
@@ -229,7 +229,7 @@ type listed struct {
 func (m *Manager) list(l netlink.Link) ([]listed, error) {
 	addrs, err := m.h.AddrList(l, netlink.FAMILY_ALL)
 	if err != nil {
-		return nil, fmt.Errorf("vip: list addresses on %s: %w", m.ifname, err)
+		return nil, fmt.Errorf("list addresses on %s: %w", m.ifname, err)
 	}
 	out := make([]listed, 0, len(addrs))
 	for _, a := range addrs {

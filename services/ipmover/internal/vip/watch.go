@@ -59,7 +59,7 @@ func (m *Manager) subscribe(ctx context.Context) (*subscription, error) {
 	}
 	if err := netlink.AddrSubscribeWithOptions(s.updates, s.done, opts); err != nil {
 		close(s.done)
-		return nil, fmt.Errorf("vip: subscribe to address changes: %w", err)
+		return nil, fmt.Errorf("subscribe to address changes: %w", err)
 	}
 	return s, nil
 }

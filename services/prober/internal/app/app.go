@@ -64,7 +64,7 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 	for i, g := range cfg.Groups {
 		groups[i] = quorum.Group{Name: g.Name, MinUp: g.MinUp, Members: g.Checks}
 	}
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version,
+	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version,
 		states: map[string]events.CheckState{}, figures: map[string]float64{},
 		quorum: quorum.New(groups), last: map[string]events.Evidence{}, red: check.NewRedactor(cfg.secrets())}
 }

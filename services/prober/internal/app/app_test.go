@@ -117,7 +117,7 @@ func runProberWith(t *testing.T, checks []CheckConfig, groups []GroupConfig, edi
 	watched := make(chan struct{})
 	go func() {
 		_ = h.watcher.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab"), events.ClusterLiveState("lab")}, All: true},
-			func(_ events.Envelope, p events.Payload, _ uint64) { h.got <- p })
+			func(_ events.Envelope, p events.Decoded, _ uint64) { h.got <- p })
 		close(watched)
 	}()
 	done := make(chan error, 1)

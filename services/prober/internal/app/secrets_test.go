@@ -84,7 +84,7 @@ func TestSecretsNeverLeave(t *testing.T) {
 	seen := map[string]bool{}
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	_ = w.Watch(wctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}, All: true},
-		func(_ events.Envelope, p events.Payload, _ uint64) {
+		func(_ events.Envelope, p events.Decoded, _ uint64) {
 			if ht, ok := p.(*events.HealthTransition); ok && want[ht.Check] == ht.To {
 				seen[ht.Check] = true
 				if len(seen) == len(want) {

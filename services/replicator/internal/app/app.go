@@ -378,7 +378,7 @@ func (c *Config) CheckHost() error {
 
 // New makes a service from a validated configuration.
 func New(cfg Config, log *slog.Logger, version string) *Service {
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version}
+	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version}
 }
 
 // Run joins the bus, opens (creating when missing) the object stores, and

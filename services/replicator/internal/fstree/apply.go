@@ -25,14 +25,14 @@ type Fetcher func(ctx context.Context, hash string) (io.ReadCloser, error)
 
 // ErrMissingContent is wrapped by a Fetcher's error when the content store
 // does not have the hash (the source must send it again).
-var ErrMissingContent = errors.New("content not in the store")
+var ErrMissingContent = errors.New("fstree: content not in the store")
 
 // ErrSafetyValve is wrapped by a *ValveError.
-var ErrSafetyValve = errors.New("safety valve: too many deletions")
+var ErrSafetyValve = errors.New("fstree: safety valve: too many deletions")
 
 // ErrUnsafeManifest means a manifest names a path outside the tree, or
 // below one of its own symlinks; nothing of it is applied.
-var ErrUnsafeManifest = errors.New("unsafe manifest")
+var ErrUnsafeManifest = errors.New("fstree: unsafe manifest")
 
 // ValveError says how many deletions a refused pass would have made.
 type ValveError struct {
@@ -90,7 +90,7 @@ type ApplyOptions struct {
 }
 
 // ErrNeedsFull is returned when a partial apply would have to delete something.
-var ErrNeedsFull = errors.New("partial manifest needs deletions; waiting for the full one")
+var ErrNeedsFull = errors.New("fstree: partial manifest needs deletions; waiting for the full one")
 
 // Conflict is a local file preserved before replication replaced it.
 type Conflict struct {
@@ -353,7 +353,7 @@ func (p *ApplyPlan) execute(ctx context.Context, sc *Scanner, t *tree, o ApplyOp
 			return nil
 		}
 		if o.ConflictDir == "" {
-			return errors.New("apply: local changes to keep, and no conflict directory configured")
+			return errors.New("fstree: apply: local changes to keep, and no conflict directory configured")
 		}
 		dst := filepath.Join(o.ConflictDir, stamp, filepath.FromSlash(l.Path))
 		if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
@@ -656,7 +656,7 @@ func stageFile(ctx context.Context, t *tree, w Entry, o ApplyOptions, d *durabil
 		return nil, fmt.Errorf("fetch %s: %w", w.Hash, err)
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != w.Hash {
-		return nil, fmt.Errorf("content %s arrived with hash %s", w.Hash, got)
+		return nil, fmt.Errorf("fstree: content %s arrived with hash %s", w.Hash, got)
 	}
 	if err := setFileMeta(tmp, w, o.Owner); err != nil {
 		return nil, err
@@ -724,7 +724,7 @@ func setMeta(t *tree, w Entry, chown bool) error {
 }
 
 // errHardLinked: a file to change in place has other names.
-var errHardLinked = errors.New("file has other hard links")
+var errHardLinked = errors.New("fstree: file has other hard links")
 
 // mkdir creates the directory rel, readable only by its owner until its
 // metadata is set; one that exists is left as it is.

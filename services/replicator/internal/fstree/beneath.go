@@ -21,7 +21,7 @@ import (
 // by climbing out of the root): Apply never follows one, so nothing it
 // creates, changes or removes can land outside the tree, whatever the
 // manifest or a local process put in the tree before or during the apply.
-var ErrOutsideTree = errors.New("path is not a plain directory path beneath the tree root")
+var ErrOutsideTree = errors.New("fstree: path is not a plain directory path beneath the tree root")
 
 // resolveBeneath opens rel below the directory dirfd with flags, following
 // no symlink in any component (a source's scan never descends through a
@@ -253,7 +253,7 @@ func (h *dirHandle) createTemp(name string) (*os.File, string, error) {
 		}
 		return os.NewFile(uintptr(fd), filepath.Join(h.f.Name(), tmp)), tmp, nil
 	}
-	return nil, "", fmt.Errorf("temp file in %s: no free name", h.f.Name())
+	return nil, "", fmt.Errorf("fstree: temp file in %s: no free name", h.f.Name())
 }
 
 // openEntry opens name in h without following it, and checks that it is
@@ -289,7 +289,7 @@ func (h *dirHandle) openEntry(name string, k Kind) (*os.File, error) {
 }
 
 // errKindChanged: an entry is no longer of the kind it was planned as.
-var errKindChanged = errors.New("no longer of the kind it was")
+var errKindChanged = errors.New("fstree: no longer of the kind it was")
 
 // openFile opens the regular file rel for reading, beneath the root and
 // without following any symlink.

@@ -182,7 +182,7 @@ func (d *durability) syncDevs(devs map[uint64]bool) error {
 		f := d.devs[dev]
 		d.mu.Unlock()
 		if f == nil {
-			return fmt.Errorf("sync: file system %d not watched", dev)
+			return fmt.Errorf("fstree: sync: file system %d not watched", dev)
 		}
 		if err := unix.Syncfs(int(f.Fd())); err != nil {
 			return fmt.Errorf("syncfs %s: %w", f.Name(), err)

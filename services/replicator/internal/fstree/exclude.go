@@ -46,7 +46,7 @@ func NewExcluder(patterns []string) (*Excluder, error) {
 		pt.glob = strings.TrimPrefix(pt.glob, "/")
 		pt.anchored = strings.Contains(pt.glob, "/") || strings.HasPrefix(p, "/")
 		if pt.glob == "" {
-			return nil, fmt.Errorf("exclude pattern %q is empty", p)
+			return nil, fmt.Errorf("fstree: exclude pattern %q is empty", p)
 		}
 		if _, err := path.Match(pt.glob, ""); err != nil {
 			return nil, fmt.Errorf("exclude pattern %q: %w", p, err)

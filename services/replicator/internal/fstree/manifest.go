@@ -196,7 +196,7 @@ func decodeManifest(b []byte, limit int64) (*Manifest, error) {
 		return nil, fmt.Errorf("decode manifest: %w", err)
 	}
 	if int64(len(raw)) > limit {
-		return nil, fmt.Errorf("decode manifest: more than %d bytes decompressed", limit)
+		return nil, fmt.Errorf("fstree: decode manifest: more than %d bytes decompressed", limit)
 	}
 	var m Manifest
 	dec := json.NewDecoder(bytes.NewReader(raw))
@@ -207,7 +207,7 @@ func decodeManifest(b []byte, limit int64) (*Manifest, error) {
 		return nil, fmt.Errorf("decode manifest: %w", err)
 	}
 	if d := Digest(m.Entries); d != m.Digest {
-		return nil, fmt.Errorf("decode manifest: digest %s does not match its entries (%s)", m.Digest, d)
+		return nil, fmt.Errorf("fstree: decode manifest: digest %s does not match its entries (%s)", m.Digest, d)
 	}
 	return &m, nil
 }

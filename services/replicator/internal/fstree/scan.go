@@ -20,7 +20,7 @@ import (
 
 // ErrRootMissing means a tree's root does not exist or is not a directory:
 // an unmounted disk must never read as "everything was deleted".
-var ErrRootMissing = errors.New("tree root missing")
+var ErrRootMissing = errors.New("fstree: tree root missing")
 
 // statKey identifies a file's content without reading it: any write moves
 // ctime, so a changed key means the hash must be computed again.
@@ -93,7 +93,7 @@ func (s *Scanner) ScanHooked(ctx context.Context, hooks ScanHooks) (ScanResult, 
 	st, err := os.Stat(s.Root)
 	if err != nil || !st.IsDir() {
 		if err == nil {
-			err = errors.New("not a directory")
+			err = errors.New("fstree: not a directory")
 		}
 		return ScanResult{}, fmt.Errorf("%w: %s: %v", ErrRootMissing, s.Root, err)
 	}

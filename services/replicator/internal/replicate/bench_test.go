@@ -30,7 +30,10 @@ import (
 // SSH), which is its best case. Each run also times the plain checked copy
 // (plaincopy_test.go) with no hop, through the bus and over a direct TLS
 // connection, so the replicator's figure can be read against what checking
-// the copy and moving the bytes cost here. Run:
+// the copy and moving the bytes cost here. As root with OpenSSH installed,
+// each run also times rsync -az --delete over SSH between two network
+// namespaces (sshrsync_test.go), the way the spool was synced before the
+// replicator, for the initial sync and a no-change pass. Run:
 //
 //	cd services/replicator && go test -run '^$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
 //
@@ -66,8 +69,15 @@ func BenchmarkVersusRsync(b *testing.B) {
 	src, rdst := filepath.Join(dir, "src"), filepath.Join(dir, "rsync-dst")
 	fdst, n1State, n2State := filepath.Join(dir, "fan-dst"), filepath.Join(dir, "n1-state"), filepath.Join(dir, "n2-state")
 	plainDst := filepath.Join(dir, "plain-dst")
+	sshDst := filepath.Join(dir, "rsync-ssh-dst")
 	genData(b, src, files, total)
 	dropCaches()
+	// rsync -az --delete over SSH between two namespaces (sshrsync_test.go),
+	// as the spool was synced before the replicator.
+	ssh, noSSH := startSSHRsync(b)
+	if ssh == nil {
+		fmt.Printf("rsync over SSH: skipped, %s\n", noSSH)
+	}
 
 	// rsyncCPU is the CPU time of the last run (its processes together).
 	var rsyncCPU time.Duration
@@ -87,7 +97,8 @@ func BenchmarkVersusRsync(b *testing.B) {
 	// run to the next, whichever program writes it. The medians of the
 	// alternated runs are the figures; every run is printed.
 	runs := envInt("FAN_BENCH_RUNS", 3)
-	var rInits, rInitCPUs, rFlushes, fInits, fInitCPUs []time.Duration
+	var rInits, rInitCPUs, rFlushes, fInits, fInitCPUs, sInits, sInitCPUs []time.Duration
+	var sNoop time.Duration
 	// The plain checked copy (plaincopy_test.go) in the same runs, with no
 	// hop, through the bus and over a direct TLS connection: what the
 	// checks cost here, and what each way of moving the bytes adds.
@@ -127,7 +138,7 @@ func BenchmarkVersusRsync(b *testing.B) {
 	for b.Loop() {
 		for run := range runs {
 			last := run == runs-1
-			for _, d := range []string{rdst, fdst, n1State, n2State} {
+			for _, d := range []string{rdst, fdst, n1State, n2State, sshDst} {
 				if err := os.RemoveAll(d); err != nil {
 					b.Fatal(err)
 				}
@@ -148,6 +159,19 @@ func BenchmarkVersusRsync(b *testing.B) {
 			if last {
 				rNoop = runRsync()
 				_ = exec.Command("sync").Run()
+			}
+			if ssh != nil {
+				dropCaches()
+				wall, cpu := ssh.rsync(b, src, sshDst)
+				_ = exec.Command("sync").Run()
+				sInits, sInitCPUs = append(sInits, wall), append(sInitCPUs, cpu)
+				fmt.Printf("\nrun %d: rsync -az over SSH %.2fs (CPU of the sending end %.2fs)\n", run+1, wall.Seconds(), cpu.Seconds())
+				if err := same(src, sshDst); err != nil {
+					b.Fatalf("rsync over SSH copy differs: %v", err)
+				}
+				if last {
+					sNoop, _ = ssh.rsync(b, src, sshDst)
+				}
 			}
 			// rsync read the source from disk; so does the replicator.
 			dropCaches()
@@ -245,6 +269,14 @@ func BenchmarkVersusRsync(b *testing.B) {
 			fmt.Printf("  plain copy, %-8s%8.2fs   plain/rsync %.2f   fan/plain %.2f\n", p.name, wall.Seconds(), wall.Seconds()/rInit.Seconds(), fInit.Seconds()/wall.Seconds())
 		}
 		fmt.Printf("  no-change pass   fan %8.1fms  rsync %8.1fms  fan/rsync %.2f\n", ms(fNoop), ms(rNoop), fNoop.Seconds()/rNoop.Seconds())
+		var sshKV string
+		if ssh != nil {
+			sInit := median(sInits)
+			fmt.Printf("  initial sync     fan %8.2fs   rsync -az over SSH %8.2fs   fan/rsync-ssh %.2f\n", fInit.Seconds(), sInit.Seconds(), fInit.Seconds()/sInit.Seconds())
+			fmt.Printf("  no-change pass   fan %8.1fms  rsync -az over SSH %8.1fms  fan/rsync-ssh %.2f\n", ms(fNoop), ms(sNoop), fNoop.Seconds()/sNoop.Seconds())
+			sshKV = fmt.Sprintf("initial_rsync_ssh_s=%.2f initial_rsync_ssh_cpu_s=%.2f initial_ratio_rsync_ssh=%.2f nochange_rsync_ssh_ms=%.1f nochange_ratio_rsync_ssh=%.3f",
+				sInit.Seconds(), median(sInitCPUs).Seconds(), fInit.Seconds()/sInit.Seconds(), ms(sNoop), fNoop.Seconds()/sNoop.Seconds())
+		}
 		fmt.Printf("  change latency   fan p50 %6.1fms p99 %6.1fms   rsync run p50 %6.1fms p99 %6.1fms   p99 fan/rsync %.2f\n",
 			ms(fp50), ms(fp99), ms(rp50), ms(rp99), fp99.Seconds()/rp99.Seconds())
 		// CPU time beside wall time: on a machine shared with other jobs
@@ -266,6 +298,9 @@ func BenchmarkVersusRsync(b *testing.B) {
 				p.key, wall.Seconds(), cpu.Seconds(), wall.Seconds()/rInit.Seconds(), fInit.Seconds()/wall.Seconds()))
 		}
 		fmt.Println(strings.Join(kv, " "))
+		if sshKV != "" {
+			fmt.Println(sshKV)
+		}
 	}
 }
 

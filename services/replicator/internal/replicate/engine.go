@@ -199,7 +199,7 @@ func (e *Engine) Run(ctx context.Context) error {
 	since := time.Now()
 	goRun(func(ctx context.Context) error {
 		return e.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllReplicationApplied(e.cfg.Cluster)}, Since: since},
-			func(env events.Envelope, p events.Payload, _ uint64) {
+			func(env events.Envelope, p events.Decoded, _ uint64) {
 				a, ok := p.(*events.ReplicationApplied)
 				if !ok || a.Group != e.cfg.Group || a.Source != e.cfg.Node {
 					return

@@ -64,7 +64,7 @@ func newLab(t testing.TB) *lab {
 	go func() {
 		defer close(done)
 		_ = ctl.Watch(wctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents(cluster)}, All: true},
-			func(env events.Envelope, p events.Payload, _ uint64) {
+			func(env events.Envelope, p events.Decoded, _ uint64) {
 				l.mu.Lock()
 				l.evs = append(l.evs, env)
 				l.pls = append(l.pls, p)

@@ -72,7 +72,7 @@ func New(cfg Config, log *slog.Logger, version string) (*Service, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Service{cfg: cfg, log: log.With("node", cfg.Node), version: version, schedules: sch, now: time.Now,
+	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version, schedules: sch, now: time.Now,
 		wake: make(chan struct{}, 1)}, nil
 }
 

@@ -77,7 +77,7 @@ func TestInstancesAgreeWithoutDuplicates(t *testing.T) {
 	ticks := map[time.Time]int{}
 	wctx, wcancel := context.WithCancel(ctx)
 	go func() {
-		_ = reader.Watch(wctx, bus.WatchOptions{Subjects: []string{events.AllPermits("lab")}, All: true}, func(env events.Envelope, p events.Payload, _ uint64) {
+		_ = reader.Watch(wctx, bus.WatchOptions{Subjects: []string{events.AllPermits("lab")}, All: true}, func(env events.Envelope, p events.Decoded, _ uint64) {
 			fp := p.(*events.FailbackPermit)
 			if !fp.ValidUntil.Equal(end) || fp.Window != "oneoff" || fp.ValidFrom.Before(start) {
 				t.Errorf("permit %+v", fp)

@@ -48,7 +48,7 @@ func TestReloadOpensAWindowAtOnce(t *testing.T) {
 	reader := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "test", Node: "r"})
 	wg.Go(func() {
 		_ = reader.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllPermits("lab")}, All: true},
-			func(_ events.Envelope, p events.Payload, _ uint64) { permits <- p.(*events.FailbackPermit) })
+			func(_ events.Envelope, p events.Decoded, _ uint64) { permits <- p.(*events.FailbackPermit) })
 	})
 	select {
 	case p := <-permits:

@@ -59,7 +59,7 @@ func NewArbiter(t *testing.T) *Arbiter {
 		defer close(done)
 		close(watching)
 		_ = a.Ctl.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents(Cluster)}, All: true},
-			func(env events.Envelope, p events.Payload, _ uint64) {
+			func(env events.Envelope, p events.Decoded, _ uint64) {
 				a.mu.Lock()
 				a.evs, a.pays = append(a.evs, env), append(a.pays, p)
 				a.mu.Unlock()
