@@ -16,6 +16,7 @@ require (
 require (
 	github.com/chromedp/cdproto v0.159.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
+	github.com/staskobzar/goami2 v1.7.6 // indirect
 )
 
 require (

@@ -2,7 +2,6 @@ package amipeer
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,12 +14,12 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/fanpbx/fan/lab/ctlsock"
 )
 
-// The control protocol is one command line per connection, answered with
-// text and a close. A unix socket is used because it is reachable from every
-// network namespace of the lab, where the peer's TCP port may not be.
-// A reply whose first line starts with "error: " reports a failed command.
+// The control socket speaks lab/ctlsock's protocol; ctlsock.Call is its
+// client.
 
 // ControlServer serves control commands for one peer on a unix socket.
 type ControlServer struct {
@@ -75,7 +74,7 @@ func (cs *ControlServer) serve() {
 			reply, err := ExecControl(cs.peer, strings.Fields(line))
 			if err != nil {
 				cs.log.Warn("amipeer control command failed", "command", strings.TrimSpace(line), "err", err)
-				reply = "error: " + err.Error() + "\n"
+				reply = ctlsock.ErrorPrefix + err.Error() + "\n"
 			} else {
 				cs.log.Info("amipeer control command", "command", strings.TrimSpace(line))
 			}
@@ -156,32 +155,4 @@ func ExecControl(p *Peer, args []string) (string, error) {
 		return string(b) + "\n", nil
 	}
 	return "", fmt.Errorf("unknown command %q (%s)", args[0], ControlUsage)
-}
-
-// Control sends one command to the control socket at path and returns the
-// reply; a reply reporting a failure is returned as an error.
-func Control(ctx context.Context, path string, args ...string) (string, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
-		return "", fmt.Errorf("amipeer: control dial %s: %w", path, err)
-	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = c.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
-	if _, err := io.WriteString(c, strings.Join(args, " ")+"\n"); err != nil {
-		return "", fmt.Errorf("amipeer: control send: %w", err)
-	}
-	b, err := io.ReadAll(c)
-	if err != nil {
-		return "", fmt.Errorf("amipeer: control reply: %w", err)
-	}
-	reply := string(b)
-	if msg, ok := strings.CutPrefix(reply, "error: "); ok {
-		return "", fmt.Errorf("amipeer: control %s: %s", strings.Join(args, " "), strings.TrimSpace(msg))
-	}
-	return reply, nil
 }

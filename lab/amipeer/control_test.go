@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/lab/ctlsock"
 )
 
 func TestControlSocket(t *testing.T) {
@@ -21,7 +23,7 @@ func TestControlSocket(t *testing.T) {
 	defer cancel()
 	ctl := func(args ...string) string {
 		t.Helper()
-		out, err := Control(ctx, path, args...)
+		out, err := ctlsock.Call(ctx, path, args...)
 		if err != nil {
 			t.Fatalf("ctl %v: %v", args, err)
 		}
@@ -74,14 +76,14 @@ func TestControlSocket(t *testing.T) {
 	}
 
 	for _, bad := range [][]string{{"explode"}, {"slow", "soon"}, {"channels", "1"}, {"normal", "now"}} {
-		if out, err := Control(ctx, path, bad...); err == nil {
+		if out, err := ctlsock.Call(ctx, path, bad...); err == nil {
 			t.Errorf("ctl %v accepted: %q", bad, out)
 		}
 	}
 	if err := cs.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := Control(ctx, path, "status"); err == nil {
+	if _, err := ctlsock.Call(ctx, path, "status"); err == nil {
 		t.Error("control socket still answers after Close")
 	}
 }

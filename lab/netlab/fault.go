@@ -33,11 +33,23 @@ func (l *Lab) port(host, state string) error {
 }
 
 // KillAll sends SIGKILL to every process whose network namespace is host's, whoever
-// started it, and waits until they are gone. It returns how many it killed.
+// started it, and waits until they are gone, as the host's crash would: what was
+// started with StartService stays down too. It returns how many it killed.
 func (l *Lab) KillAll(host string) (int, error) {
 	h, err := l.host(host)
 	if err != nil {
 		return 0, err
+	}
+	// A crashed machine takes its service manager down with it: nothing
+	// of the host is restarted (StartService) until the caller starts it
+	// again, as a machine that boots does.
+	l.mu.Lock()
+	procs := slices.Clone(l.procs)
+	l.mu.Unlock()
+	for _, p := range procs {
+		if p.Host == host {
+			p.disarm()
+		}
 	}
 	n, err := killInNS(h.NS, 3*time.Second)
 	if err != nil {
@@ -47,9 +59,6 @@ func (l *Lab) KillAll(host string) (int, error) {
 	// as running until its waiter has collected it, and a caller that
 	// restarts what is not running (Stack.StartNode, right after a fast
 	// failover) would otherwise skip a process it just killed.
-	l.mu.Lock()
-	procs := slices.Clone(l.procs)
-	l.mu.Unlock()
 	reaped := time.NewTimer(3 * time.Second)
 	defer reaped.Stop()
 	for _, p := range procs {

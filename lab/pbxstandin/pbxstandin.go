@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/lab/ctlsock"
 )
 
 // Mode is how the stand-in behaves.
@@ -292,9 +293,9 @@ func Exec(p *PBX, cmd string) (string, error) {
 	}
 }
 
-// ListenControl serves control commands on a unix socket (one command line
-// per connection, one reply, close; "error: " starts a failed reply). It is
-// reached with `docker compose exec` in the lab, where no shell exists.
+// ListenControl serves control commands on a unix socket in lab/ctlsock's
+// protocol (ctlsock.Call is its client). It is reached with `docker compose
+// exec` in the lab, where no shell exists.
 func ListenControl(ctx context.Context, p *PBX, path string) (func(), error) {
 	if err := os.MkdirAll(dirOf(path), 0o755); err != nil {
 		return nil, fmt.Errorf("pbxstandin: control dir: %w", err)
@@ -317,7 +318,7 @@ func ListenControl(ctx context.Context, p *PBX, path string) (func(), error) {
 			line, _ := bufio.NewReader(c).ReadString('\n')
 			reply, err := Exec(p, line)
 			if err != nil {
-				reply = "error: " + err.Error() + "\n"
+				reply = ctlsock.ErrorPrefix + err.Error() + "\n"
 			}
 			_, _ = io.WriteString(c, reply)
 			c.Close()
@@ -326,30 +327,6 @@ func ListenControl(ctx context.Context, p *PBX, path string) (func(), error) {
 	stop := func() { ln.Close(); wg.Wait() }
 	go func() { <-ctx.Done(); stop() }()
 	return stop, nil
-}
-
-// Control sends one command to a running stand-in.
-func Control(ctx context.Context, path, cmd string) (string, error) {
-	var d net.Dialer
-	c, err := d.DialContext(ctx, "unix", path)
-	if err != nil {
-		return "", fmt.Errorf("pbxstandin: control %s: %w", path, err)
-	}
-	defer c.Close()
-	if dl, ok := ctx.Deadline(); ok {
-		_ = c.SetDeadline(dl)
-	}
-	if _, err := io.WriteString(c, cmd+"\n"); err != nil {
-		return "", fmt.Errorf("pbxstandin: control send: %w", err)
-	}
-	b, err := io.ReadAll(c)
-	if err != nil {
-		return "", fmt.Errorf("pbxstandin: control reply: %w", err)
-	}
-	if r := string(b); strings.HasPrefix(r, "error: ") {
-		return "", errors.New(strings.TrimSpace(strings.TrimPrefix(r, "error: ")))
-	}
-	return string(b), nil
 }
 
 func dirOf(path string) string {

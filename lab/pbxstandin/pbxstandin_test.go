@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/lab/ctlsock"
 )
 
 func TestRespond(t *testing.T) {
@@ -143,16 +144,16 @@ func TestControlSocket(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stop()
-	if r, err := Control(ctx, path, "dead"); err != nil || r != "ok dead\n" || p.Mode() != Dead {
+	if r, err := ctlsock.Call(ctx, path, "dead"); err != nil || r != "ok dead\n" || p.Mode() != Dead {
 		t.Fatalf("dead: %q %v mode %s", r, err, p.Mode())
 	}
-	if r, err := Control(ctx, path, "status"); err != nil || !strings.Contains(r, `"mode":"dead"`) {
+	if r, err := ctlsock.Call(ctx, path, "status"); err != nil || !strings.Contains(r, `"mode":"dead"`) {
 		t.Fatalf("status: %q %v", r, err)
 	}
-	if _, err := Control(ctx, path, "explode"); err == nil || !strings.Contains(err.Error(), "unknown mode") {
+	if _, err := ctlsock.Call(ctx, path, "explode"); err == nil || !strings.Contains(err.Error(), "unknown mode") {
 		t.Fatalf("bad command: %v", err)
 	}
-	if r, err := Control(ctx, path, "normal"); err != nil || r != "ok normal\n" {
+	if r, err := ctlsock.Call(ctx, path, "normal"); err != nil || r != "ok normal\n" {
 		t.Fatalf("normal: %q %v", r, err)
 	}
 }

@@ -336,6 +336,17 @@ func (p *Phone) RTP() RTPStats { return p.media.stats() }
 // to, in its current or last call.
 func (p *Phone) Gap(from, to time.Time) Gap { return p.media.gap(from, to) }
 
+// GapsOver are every silence longer than over of what the phone received
+// between from and to, in its current or last call.
+func (p *Phone) GapsOver(from, to time.Time, over time.Duration) []Gap {
+	return p.media.gapsOver(from, to, over)
+}
+
+// SendStalls are the phone's own pauses in sending (longer than three
+// packet intervals) that overlap [from, to], in its current or last call:
+// a loaded machine's scheduling, which the other phone hears as a gap.
+func (p *Phone) SendStalls(from, to time.Time) []Stall { return p.media.stallsBetween(from, to) }
+
 // note records an event; p.mu is held.
 func (p *Phone) note(e Event) {
 	if e.At.IsZero() {

@@ -29,6 +29,11 @@ const (
 	// are 5.8 hours at 50 a second. Past it arrivals are still counted and
 	// the longest gap still followed, but no longer recorded one by one.
 	maxArrivals = 1 << 20
+	// stallOver is the pause between two sent packets (three times the
+	// packet interval) that counts as the sender's own stall; maxStalls
+	// bounds their record.
+	stallOver = 60 * time.Millisecond
+	maxStalls = 1 << 14
 )
 
 // arrival is one received packet.
@@ -66,6 +71,9 @@ type media struct {
 	// its peer hears as a gap of the same length.
 	lastSent  time.Time
 	sendStall time.Duration
+	// stalls are the sender's pauses longer than stallOver, at most
+	// maxStalls of them: what a peer's gap at the same moment is owed to.
+	stalls []Stall
 }
 
 // listenMedia binds an even RTP port and the RTCP port above it on ip
@@ -122,7 +130,7 @@ func (m *media) newCall(now time.Time) {
 	m.sources = map[netip.AddrPort]uint64{}
 	m.longest, m.longAt = 0, time.Time{}
 	m.seqGaps = 0
-	m.lastSent, m.sendStall = time.Time{}, 0
+	m.lastSent, m.sendStall, m.stalls = time.Time{}, 0, nil
 }
 
 // setTarget says where to send and whether to send at all.
@@ -173,7 +181,11 @@ func (m *media) sendLoop(done <-chan struct{}) {
 		m.sent++
 		now := time.Now()
 		if !m.lastSent.IsZero() {
-			m.sendStall = max(m.sendStall, now.Sub(m.lastSent))
+			d := now.Sub(m.lastSent)
+			m.sendStall = max(m.sendStall, d)
+			if d > stallOver && len(m.stalls) < maxStalls {
+				m.stalls = append(m.stalls, Stall{From: m.lastSent, To: now})
+			}
 		}
 		m.lastSent = now
 		to := m.target
@@ -355,4 +367,64 @@ func (m *media) gap(from, to time.Time) Gap {
 		g.Longest, g.At = d, prev
 	}
 	return g
+}
+
+// Stall is a pause of the sender between two packets it sent.
+type Stall struct{ From, To time.Time }
+
+// stallsBetween are the recorded stalls that overlap [from, to].
+func (m *media) stallsBetween(from, to time.Time) []Stall {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []Stall
+	for _, st := range m.stalls {
+		if st.To.After(from) && st.From.Before(to) {
+			out = append(out, st)
+		}
+	}
+	return out
+}
+
+// gapsOver are every silence longer than over of what arrived between
+// from and to, the window's edges included, in order.
+func (m *media) gapsOver(from, to time.Time, over time.Duration) []Gap {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var out []Gap
+	add := func(a, b time.Time, packets int) {
+		if d := b.Sub(a); d > over {
+			out = append(out, Gap{Longest: d, At: a, Packets: packets, From: from, To: to})
+		}
+	}
+	i := sort.Search(len(m.arrivals), func(i int) bool { return !m.arrivals[i].at.Before(from) })
+	prev, n := from, 0
+	for ; i < len(m.arrivals) && !m.arrivals[i].at.After(to); i++ {
+		add(prev, m.arrivals[i].at, n)
+		prev = m.arrivals[i].at
+		n++
+	}
+	add(prev, to, n)
+	return out
+}
+
+// Unexplained is how much of g the stalls do not cover: the part of a
+// silence the path, not the sender, is owed.
+func (g Gap) Unexplained(stalls []Stall) time.Duration {
+	end := g.At.Add(g.Longest)
+	var covered time.Duration
+	last := g.At // stalls do not overlap each other: each begins where a packet was sent
+	for _, st := range stalls {
+		a, b := st.From, st.To
+		if a.Before(last) {
+			a = last
+		}
+		if b.After(end) {
+			b = end
+		}
+		if b.After(a) {
+			covered += b.Sub(a)
+			last = b
+		}
+	}
+	return g.Longest - covered
 }

@@ -120,7 +120,7 @@ func (p *shapeProcs) start(host, name string, argv ...string) error {
 			return fmt.Errorf("%s on %s refuses its configuration: %w: %s", name, host, err, bytes.TrimSpace(out))
 		}
 	}
-	pr, err := p.lab.Start(host, name, argv, []string{"FAN_LOG_LEVEL=debug"})
+	pr, err := startProc(p.lab, p.procs[host+"/"+name], host, name, argv)
 	if err != nil {
 		return err
 	}

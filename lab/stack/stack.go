@@ -443,8 +443,10 @@ func (s *Stack) checkConfig(host, name string, argv []string) error {
 }
 
 // run starts argv as the process name on host and remembers how (Restart).
+// fan's own services restart when they exit, as their units do
+// (startProc).
 func (s *Stack) run(host, name string, argv []string) error {
-	p, err := s.Lab.Start(host, name, argv, []string{"FAN_LOG_LEVEL=debug"})
+	p, err := startProc(s.Lab, s.procs[host+"/"+name], host, name, argv)
 	if err != nil {
 		return fmt.Errorf("start %s on %s: %w", name, host, err)
 	}
@@ -468,6 +470,33 @@ func (s *Stack) Restart(host, name string) error {
 		return fmt.Errorf("restart %s on %s: stop: %w", name, host, err)
 	}
 	return s.run(host, name, argv)
+}
+
+// restartAfter is the RestartSec of fan's systemd units (deploy/systemd).
+const restartAfter = time.Second
+
+// restartedUnits are the programs the lab runs that have a unit of fan's
+// with Restart=always (fan-status, fanctl serve, does not run in the lab).
+// The PBX, its stand-ins and Kamailio are not fan's units: the lab leaves
+// them as they end.
+var restartedUnits = []string{"fan-arbiter", "fan-ipmover", "fan-nats", "fan-prober", "fan-replicator", "fan-scheduler"}
+
+// startProc starts argv as name on host: one of fan's units is restarted
+// restartAfter after it exits on its own, as systemd's Restart=always does (a
+// crash in the lab is then the crash production would see: the service back
+// a second later), and the lab's log says so. The lab's own stops (Stop,
+// Kill, KillService) are final, like `systemctl stop`. prev is the process
+// this one replaces: when it has exited, its pending restart is called off,
+// so the two never run at once.
+func startProc(l *netlab.Lab, prev *netlab.Proc, host, name string, argv []string) (*netlab.Proc, error) {
+	if prev != nil && prev.Exited() {
+		_ = prev.Stop()
+	}
+	env := []string{"FAN_LOG_LEVEL=debug"}
+	if slices.Contains(restartedUnits, name) {
+		return l.StartService(host, name, argv, env, restartAfter)
+	}
+	return l.Start(host, name, argv, env)
 }
 
 // Proc returns a started process by host and binary name.
@@ -743,7 +772,8 @@ var execLookPath = exec.LookPath
 // KillService sends SIGKILL to one process the stack started (for example
 // host "n1", name "fan-ipmover"; "ctl", "fan-arbiter"), the way a crash
 // would end it: no shutdown handler runs, so an ipmover leaves its
-// addresses behind.
+// addresses behind. Unlike a crash it is not restarted after RestartSec:
+// the test says when it comes back (RestartService).
 func (s *Stack) KillService(host, name string) error {
 	p := s.Proc(host, name)
 	if p == nil {

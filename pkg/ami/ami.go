@@ -1,6 +1,9 @@
 // Package ami is fan's client for the Asterisk Manager Interface. It reads
 // the wire itself (docs/asterisk22.md says what Asterisk 22 sends and what a
-// client must not do with it):
+// client must not do with it). It frames the stream and keeps the limits
+// itself; each message read is parsed into, and each action built as, a
+// goami2.Message (github.com/staskobzar/goami2), whose Client fan does not
+// use:
 //
 //   - Login has its own deadline (LoginTimeout, default 3 s), so a wrong
 //     password (which Asterisk answers only after sleeping 1 s) comes back

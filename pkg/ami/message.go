@@ -13,7 +13,12 @@ func fieldsOf(m *message) []Field {
 	if m == nil {
 		return nil
 	}
-	return append([]Field(nil), m.fields...)
+	h := m.g.Headers()
+	out := make([]Field, len(h))
+	for i, f := range h {
+		out[i] = Field(f)
+	}
+	return out
 }
 
 // Response is the answer to one action. For a list action (DBGetTree,

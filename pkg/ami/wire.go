@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/staskobzar/goami2"
 )
 
 // What a peer may send, so a hostile or broken listener on the AMI port
@@ -21,53 +23,33 @@ const (
 	bannerStart = "Asterisk Call Manager/"
 )
 
-// errMalformed marks a message with a line that is not "Name: value". The
-// message was read to its end, so the stream is still framed: the reader
-// drops it and goes on (its ActionID is lost with it; the caller times out).
+// errMalformed marks a message goami2's parser refused (a line that is not
+// "Name: value" with a name of letters, digits and '-'). The message was read to its end, so the stream is still
+// framed: the reader drops it and goes on (its ActionID is lost with it; the
+// caller times out).
 var errMalformed = errors.New("ami: malformed message")
 
-// message is one AMI message: its header lines in the order they came.
-type message struct{ fields []Field }
+// message is one AMI message in goami2's model: its headers in the order
+// they came.
+type message struct{ g *goami2.Message }
 
 // get returns the first value of a header (case-insensitive), or "".
-func (m *message) get(name string) string {
-	for _, f := range m.fields {
-		if strings.EqualFold(f.Name, name) {
-			return f.Value
-		}
-	}
-	return ""
-}
+func (m *message) get(name string) string { return m.g.Field(name) }
 
-// values returns every value of a header, in order.
+// values returns every value of a header, in order; nil when there is none.
 func (m *message) values(name string) []string {
-	var out []string
-	for _, f := range m.fields {
-		if strings.EqualFold(f.Name, name) {
-			out = append(out, f.Value)
-		}
+	if v := m.g.FieldValues(name); len(v) > 0 {
+		return v
 	}
-	return out
+	return nil
 }
 
-func (m *message) isEvent() bool   { return m.get("Event") != "" }
-func (m *message) isSuccess() bool { return strings.EqualFold(m.get("Response"), "Success") }
-func (m *message) actionID() string {
-	return m.get("ActionID")
-}
+func (m *message) isEvent() bool    { return m.g.IsEvent() }
+func (m *message) isSuccess() bool  { return m.g.IsSuccess() }
+func (m *message) actionID() string { return m.g.ActionID() }
 
 // String is the message as AMI writes it, headers and the closing blank line.
-func (m *message) String() string {
-	var b strings.Builder
-	for _, f := range m.fields {
-		b.WriteString(f.Name)
-		b.WriteString(": ")
-		b.WriteString(f.Value)
-		b.WriteString("\r\n")
-	}
-	b.WriteString("\r\n")
-	return b.String()
-}
+func (m *message) String() string { return m.g.String() }
 
 func isListStart(m *message) bool {
 	return m.isSuccess() && strings.EqualFold(m.get("EventList"), "start")
@@ -81,7 +63,15 @@ func isListComplete(m *message) bool {
 // taken too), messages ending at an empty line. One goroutine reads: the
 // login, then the client's reader, from the same buffer, so nothing that
 // arrived in the login's segment is lost.
-type wireReader struct{ br *bufio.Reader }
+//
+// The framing and the limits are fan's: goami2.Parse takes a whole message
+// as a string, has no limits, and indexes past the end of an input that
+// stops after a CR or inside a header name ("A", "\r" and "Ab:\r" panic),
+// so it only ever sees a frame fan has read, which ends in CR LF CR LF.
+type wireReader struct {
+	br  *bufio.Reader
+	buf []byte // the message being read, each line ending in CR LF
+}
 
 func newWireReader(r io.Reader) *wireReader {
 	return &wireReader{br: bufio.NewReaderSize(r, readBuffer)}
@@ -129,50 +119,44 @@ func (r *wireReader) banner() (string, error) {
 }
 
 // next reads one message. Empty lines between messages are skipped. A
-// message with a line that is not a header is read to its end and returned
-// as errMalformed; a message over the limits ends the stream (ErrProtocol).
+// message goami2's parser refuses is read to its end and returned as
+// errMalformed; a message over the limits ends the stream (ErrProtocol).
 func (r *wireReader) next() (*message, error) {
-	m := &message{}
-	size := 0
-	var bad []byte
+	r.buf = r.buf[:0]
+	size, lines := 0, 0
 	for {
 		b, err := r.line()
 		if err != nil {
 			return nil, err
 		}
 		if len(b) == 0 {
-			if bad != nil {
-				return nil, fmt.Errorf("%w: line %q", errMalformed, bad)
-			}
-			if len(m.fields) == 0 {
+			if lines == 0 {
 				continue
 			}
-			return m, nil
+			m, err := parse(append(r.buf, "\r\n"...))
+			if cap(r.buf) > readBuffer {
+				r.buf = nil // a rare big message does not stay for the connection's life
+			}
+			return m, err
 		}
 		size += len(b)
-		if size > maxMessage || len(m.fields) >= maxFields {
+		if size > maxMessage || lines >= maxFields {
 			return nil, fmt.Errorf("%w: a message over %d bytes or %d lines", ErrProtocol, maxMessage, maxFields)
 		}
-		f, ok := parseField(b)
-		if !ok {
-			if bad == nil {
-				bad = truncate(b, 64)
-			}
-			continue
-		}
-		m.fields = append(m.fields, f)
+		r.buf = append(append(r.buf, b...), "\r\n"...)
+		lines++
 	}
 }
 
-// parseField splits "Name: value". A name is non-empty and holds no space;
-// the spaces after the colon are not part of the value.
-func parseField(b []byte) (Field, bool) {
-	i := bytes.IndexByte(b, ':')
-	if i <= 0 || bytes.ContainsAny(b[:i], " \t") {
-		return Field{}, false
+// parse hands one framed message to goami2's parser. Its error quotes the
+// rest of the message, up to maxMessage bytes: only its start goes into the
+// error, which the client logs.
+func parse(frame []byte) (*message, error) {
+	g, err := goami2.Parse(string(frame))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %s", errMalformed, truncate([]byte(err.Error()), 96))
 	}
-	v := bytes.TrimLeft(b[i+1:], " ")
-	return Field{Name: string(b[:i]), Value: string(v)}, true
+	return &message{g: g}, nil
 }
 
 func truncate(b []byte, n int) []byte {
@@ -182,20 +166,15 @@ func truncate(b []byte, n int) []byte {
 	return bytes.Clone(b)
 }
 
-// encodeAction writes an action: Action, then ActionID (when set), then the
-// fields, a blank line after; one allocation.
+// encodeAction writes an action in goami2's model: Action, then ActionID
+// (when set), then the fields, a blank line after.
 func encodeAction(name, id string, fields []Field) []byte {
-	n := len("Action: \r\nActionID: \r\n\r\n") + len(name) + len(id)
-	for _, f := range fields {
-		n += len(f.Name) + len(f.Value) + 4
-	}
-	b := make([]byte, 0, n)
-	b = append(append(append(b, "Action: "...), name...), "\r\n"...)
+	a := goami2.NewAction(name)
 	if id != "" {
-		b = append(append(append(b, "ActionID: "...), id...), "\r\n"...)
+		a.AddField("ActionID", id)
 	}
 	for _, f := range fields {
-		b = append(append(append(append(b, f.Name...), ": "...), f.Value...), "\r\n"...)
+		a.AddField(f.Name, f.Value)
 	}
-	return append(b, "\r\n"...)
+	return a.Byte()
 }

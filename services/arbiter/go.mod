@@ -11,6 +11,8 @@ require (
 	github.com/prometheus/client_golang v1.25.0
 )
 
+require github.com/staskobzar/goami2 v1.7.6 // indirect
+
 require (
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/beorn7/perks v1.0.1 // indirect

@@ -24,6 +24,27 @@ func TestDecisionSummaries(t *testing.T) {
 	}
 }
 
+// A target's confirmation says what it applied: the tree, the counts and
+// the generation, and a failure when there is one.
+func TestReplicationAppliedSummaries(t *testing.T) {
+	ok := events.ReplicationApplied{Node: "n2", Source: "n1", Group: "pbx", Tree: "voicemail", Epoch: 3, Generation: 7,
+		Digest: "d", Files: 12, Bytes: 40960, Deleted: 1, DurationMS: 3.24}
+	failed := ok
+	failed.Files, failed.Bytes, failed.Deleted, failed.Conflicts = 10, 2048, 0, 2
+	failed.Error, failed.Missing = "fetch: timeout", []string{"aa", "bb"}
+	for _, c := range []struct {
+		a    events.ReplicationApplied
+		want string
+	}{
+		{ok, "n1->n2 voicemail gen=7 files=12 bytes=40960 deleted=1 in 3.2ms"},
+		{failed, "n1->n2 voicemail gen=7 files=10 bytes=2048 deleted=0 conflicts=2 in 3.2ms FAILED: fetch: timeout (missing 2)"},
+	} {
+		if got := view.Summary(&c.a); got != c.want {
+			t.Errorf("Summary = %q, want %q", got, c.want)
+		}
+	}
+}
+
 func TestHumanDuration(t *testing.T) {
 	for d, want := range map[time.Duration]string{
 		112*time.Hour + 35*time.Minute:                 "4d16h35m",

@@ -19,29 +19,20 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
-	"syscall"
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/lab/cmd/internal/labcmd"
+	"github.com/fanpbx/fan/lab/ctlsock"
 )
 
 // version is set by the Makefile (-X main.version), as for fan's services.
 var version = "dev"
 
 func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
-		fmt.Println("fan-amipeer", version)
-		return
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr, nil); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "fan-amipeer:", err)
-		}
-		os.Exit(2)
-	}
+	labcmd.Main("fan-amipeer", version, func(ctx context.Context, args []string) error {
+		return run(ctx, args, os.Stdout, os.Stderr, nil)
+	})
 }
 
 // run is main without the process: ready, when not nil, receives the peer
@@ -117,7 +108,7 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	reply, err := amipeer.Control(ctx, *control, fs.Args()...)
+	reply, err := ctlsock.Call(ctx, *control, fs.Args()...)
 	if err != nil {
 		return err
 	}

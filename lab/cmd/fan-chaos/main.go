@@ -16,27 +16,20 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"github.com/fanpbx/fan/lab/chaos"
+	"github.com/fanpbx/fan/lab/cmd/internal/labcmd"
 	"github.com/fanpbx/fan/lab/stack"
 )
 
 // version is set by the Makefile (-X main.version), as for fan's services.
 var version = "dev"
 
-func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
-		fmt.Println("fan-chaos", version)
-		return
-	}
-	os.Exit(run())
-}
+func main() { labcmd.Main("fan-chaos", version, run) }
 
-func run() int {
+func run(ctx context.Context, args []string) error {
 	bin := flag.String("bin", "bin", "directory with fan's binaries (make build)")
 	duration := flag.Duration("duration", 10*time.Minute, "how long to run the fault schedule")
 	seed := flag.Uint64("seed", 0, "schedule seed (0: pick one from the clock; printed, so a run can be replayed)")
@@ -44,19 +37,19 @@ func run() int {
 	topoFlag := flag.String("topology", "single", "where NATS and the arbiters run: single, colocated or dedicated (the last two add the faults of one NATS server: kill -9, routes cut)")
 	placement := flag.Bool("leader-placement", true, "three-server topologies: run as the production guide configures them (bus.leader_servers, standby: true on the PBX hosts' arbiters); =false leaves the raft leaders and the lease where they fall, which no outage bound covers")
 	scheduleText := flag.String("schedule", "", `faults to run instead of the seed's, separated by ";", each "kind target [service] hold=D [gap=D]" (e.g. "nats-kill standby hold=1s; link-cut holder hold=6s gap=3s")`)
-	flag.Parse()
+	if err := flag.CommandLine.Parse(args); err != nil {
+		return err
+	}
 	topo, err := stack.ParseTopology(*topoFlag)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "fan-chaos:", err)
-		return 2
+		return labcmd.Status(2, err)
 	}
 	var schedule []chaos.Fault
 	if *scheduleText != "" {
 		lim := chaos.DefaultLimits()
 		lim.ServerFaults = topo != stack.TopologySingle
 		if schedule, err = chaos.ParseSchedule(*scheduleText, lim); err != nil {
-			fmt.Fprintln(os.Stderr, "fan-chaos: -schedule:", err)
-			return 2
+			return labcmd.Status(2, fmt.Errorf("-schedule: %w", err))
 		}
 	}
 	if *seed == 0 {
@@ -64,20 +57,16 @@ func run() int {
 	}
 	absBin, err := filepath.Abs(*bin)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "fan-chaos:", err)
-		return 2
+		return labcmd.Status(2, err)
 	}
 	if os.Geteuid() != 0 {
-		fmt.Fprintln(os.Stderr, "fan-chaos: the chaos run builds network namespaces: run it as root")
-		return 2
+		return labcmd.Status(2, errors.New("the chaos run builds network namespaces: run it as root"))
 	}
 	level := slog.LevelWarn
 	if *verbose {
 		level = slog.LevelInfo
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 
 	replay := fmt.Sprintf("-seed %d -duration %v -topology %s -leader-placement=%t", *seed, *duration, topo, *placement)
 	if schedule != nil {
@@ -88,11 +77,9 @@ func run() int {
 		Topology: topo, Unplaced: !*placement, Schedule: schedule})
 	if err != nil {
 		if errors.Is(err, context.Canceled) {
-			fmt.Fprintf(os.Stderr, "fan-chaos: interrupted after %d faults; healed and torn down (seed %d)\n", len(res.Injected), *seed)
-			return 130
+			return labcmd.Status(130, fmt.Errorf("interrupted after %d faults; healed and torn down (seed %d)", len(res.Injected), *seed))
 		}
-		fmt.Fprintf(os.Stderr, "fan-chaos: seed %d: %v\n", *seed, err)
-		return 2
+		return labcmd.Status(2, fmt.Errorf("seed %d: %w", *seed, err))
 	}
 	report(res, *verbose)
 	fmt.Println(res.Line())
@@ -101,9 +88,9 @@ func run() int {
 			fmt.Fprintln(os.Stderr, "INVARIANT BROKEN:", v)
 		}
 		fmt.Fprintf(os.Stderr, "fan-chaos: replay with %s\n", replay)
-		return 1
+		return labcmd.Status(1, nil)
 	}
-	return 0
+	return nil
 }
 
 // report prints the evidence behind the summary line on stderr: every dual

@@ -17,13 +17,12 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
+	"github.com/fanpbx/fan/lab/cmd/internal/labcmd"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/sipoptions"
@@ -32,24 +31,17 @@ import (
 // version is set by the Makefile (-X main.version), as for fan's services.
 var version = "dev"
 
-func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
-		fmt.Println("fan-lab", version)
-		return
-	}
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "fan-lab:", err)
-		os.Exit(1)
-	}
-}
+func main() { labcmd.Main("fan-lab", version, run) }
 
-func run() error {
+func run(ctx context.Context, args []string) error {
 	bin := flag.String("bin", "bin", "directory with fan's binaries (make build)")
 	keep := flag.Bool("keep", false, "keep the lab running after the failover until Ctrl-C")
 	insecure := flag.Bool("insecure", false, "run the bus without TLS and identities (insecure_lab), as before fan had them; the dedicated topology always does")
 	topoFlag := flag.String("topology", "single", "where NATS and the arbiter run: single (one server on ctl), colocated (a server and an arbiter on n1, n2 and the witness ctl), dedicated (three NATS hosts s1-s3)")
 	scenario := flag.String("scenario", "failover", "failover (the floating IP), sites (a DNS name between two sites, one of them dark: sites.go) or pool (a Kamailio dispatcher over PBX nodes that post heartbeats: pool.go)")
-	flag.Parse()
+	if err := flag.CommandLine.Parse(args); err != nil {
+		return err
+	}
 	topo, err := stack.ParseTopology(*topoFlag)
 	if err != nil {
 		return err
@@ -61,8 +53,6 @@ func run() error {
 	if os.Geteuid() != 0 {
 		return errors.New("the lab builds network namespaces: run it as root")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	switch *scenario {
 	case "failover":

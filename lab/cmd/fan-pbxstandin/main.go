@@ -19,12 +19,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"os/signal"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/lab/cmd/internal/labcmd"
+	"github.com/fanpbx/fan/lab/ctlsock"
 	"github.com/fanpbx/fan/lab/pbxstandin"
 )
 
@@ -34,18 +34,9 @@ const defaultControl = "/run/fan-pbx/control.sock"
 var version = "dev"
 
 func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
-		fmt.Println("fan-pbxstandin", version)
-		return
-	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stdout, os.Stderr); err != nil {
-		if !errors.Is(err, flag.ErrHelp) {
-			fmt.Fprintln(os.Stderr, "fan-pbxstandin:", err)
-		}
-		os.Exit(1)
-	}
+	labcmd.Main("fan-pbxstandin", version, func(ctx context.Context, args []string) error {
+		return run(ctx, args, os.Stdout, os.Stderr)
+	})
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -163,7 +154,7 @@ func runCtl(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
-	reply, err := pbxstandin.Control(cctx, *control, fs.Arg(0))
+	reply, err := ctlsock.Call(cctx, *control, fs.Arg(0))
 	if err != nil {
 		return err
 	}

@@ -23,30 +23,21 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
 	"strconv"
 	"syscall"
 	"time"
 
+	"github.com/fanpbx/fan/lab/cmd/internal/labcmd"
 	"github.com/fanpbx/fan/lab/regbench"
 )
 
 // version is set by the Makefile (-X main.version), as for fan's services.
 var version = "dev"
 
-func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "-version" || os.Args[1] == "--version") {
-		fmt.Println("fan-regbench", version)
-		return
-	}
-	if err := run(); err != nil {
-		fmt.Fprintln(os.Stderr, "fan-regbench:", err)
-		os.Exit(1)
-	}
-}
+func main() { labcmd.Main("fan-regbench", version, run) }
 
-func run() error {
+func run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("fan-regbench", flag.ContinueOnError)
 	bin := fs.String("bin", "bin", "directory with fan-nats, fan-replicator and fan-pbxstandin")
 	asterisk := fs.String("asterisk", os.Getenv("FAN_ASTERISK"), "an Asterisk 22 install (its sbin/asterisk) to run as both PBXs instead of the stand-in (FAN_ASTERISK)")
@@ -58,11 +49,9 @@ func run() error {
 	profile := fs.String("profile", "", "save the replicators' CPU and allocation profiles over the steady window here (build fan-replicator with -tags pprof)")
 	debug := fs.Bool("debug", false, "run the replicators with -log-level debug (logs in -dir)")
 	inside := fs.String("inside", "", "(internal) run in this network namespace")
-	if err := fs.Parse(os.Args[1:]); err != nil {
+	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	if *inside == "" {
 		return outside(ctx)
 	}

@@ -381,11 +381,11 @@ func New(cfg Config, log *slog.Logger, version string) *Service {
 	return &Service{cfg: cfg, log: daemon.ServiceLogger(log, cfg.Node), version: version}
 }
 
-// Run joins the bus, opens (creating when missing) the object stores, and
-// replicates until ctx ends.
+// Run joins the bus, opens (creating when missing, and waiting while they
+// cannot be opened) the object stores, and replicates until ctx ends.
 func (s *Service) Run(ctx context.Context) error {
 	return daemon.Serve(ctx, s.cfg.Common, "replicator", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		st, err := store.Open(ctx, rt.Bus.JS, s.cfg.Bus.Replicas)
+		st, err := store.Wait(ctx, rt.Bus.JS, s.cfg.Bus.Replicas, s.log)
 		if err != nil {
 			return fmt.Errorf("replicator: %w", err)
 		}

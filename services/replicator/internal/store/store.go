@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"strings"
 	"sync"
@@ -88,6 +89,42 @@ func Open(ctx context.Context, js jetstream.JetStream, replicas int) (*Store, er
 	}
 	return s, nil
 }
+
+// Wait opens the buckets at the replicator's start as Open does, retrying
+// with backoff until it succeeds or ctx ends: a cluster electing a leader,
+// a server still starting, or buckets that provisioning has not made yet
+// (a bus with permissions gives the replicator no right to create them)
+// pass, and a replicator that exited on the first of these would need its
+// supervisor to start it again. Each failed try is logged once, with the
+// wait before the next.
+func Wait(ctx context.Context, js jetstream.JetStream, replicas int, log *slog.Logger) (*Store, error) {
+	backoff := waitFirstBackoff
+	for {
+		attempt, cancel := context.WithTimeout(ctx, waitAttempt)
+		s, err := Open(attempt, js, replicas)
+		cancel()
+		if err == nil {
+			return s, nil
+		}
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("open object stores: %w (last error: %w)", ctx.Err(), err)
+		}
+		log.Warn("open object stores failed, retrying", "err", err, "retry_in", backoff)
+		select {
+		case <-ctx.Done():
+			return nil, fmt.Errorf("open object stores: %w (last error: %w)", ctx.Err(), err)
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, waitMaxBackoff)
+	}
+}
+
+// The bounds of Wait's tries, as the bus's own start-up retries use.
+var (
+	waitFirstBackoff = 100 * time.Millisecond
+	waitMaxBackoff   = 2 * time.Second
+	waitAttempt      = 5 * time.Second
+)
 
 func ensure(ctx context.Context, js jetstream.JetStream, cfg jetstream.ObjectStoreConfig) (jetstream.ObjectStore, error) {
 	os, err := js.ObjectStore(ctx, cfg.Bucket)
