@@ -115,8 +115,8 @@ type Episode struct {
 // bound from the heal, and from one ARP round before it. A round that
 // spans the heal began while the cut side could not answer, so its second
 // answer came after the heal; without the round's grace such a round
-// counted a few microseconds against the invariant (seen in CI: "0 ms
-// outside the partition bounds").
+// counted a few microseconds against the invariant ("0 ms outside the
+// partition bounds" on a loaded machine).
 func HealWindow(healed time.Time, bound time.Duration, fault string) Window {
 	return Window{From: healed.Add(-ARPInterval), To: healed.Add(bound), Why: fault + " healed"}
 }

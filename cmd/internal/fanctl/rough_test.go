@@ -386,7 +386,7 @@ func standInArbiter(t *testing.T, b *bus.Bus, answer func(events.OperatorRequest
 	}
 	t.Cleanup(func() { _ = sub.Unsubscribe() })
 	// Subscribe returns before the server has the interest; fanctl's first
-	// request, on another connection, would find no responder (seen in CI).
+	// request, on another connection, would find no responder (seen on a loaded machine).
 	if err := b.NC.Flush(); err != nil {
 		t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ func TestPageInChromium(t *testing.T) {
 		// TMPDIR: the test's own, so a run leaves nothing in /tmp.
 		chromedp.Env("TMPDIR="+t.TempDir()),
 		chromedp.WindowSize(1280, 900),
-		// CI runs as root, where Chromium's sandbox refuses to start.
+		// Test machines often run as root, where Chromium's sandbox refuses to start.
 		chromedp.NoSandbox,
 		chromedp.Flag("disable-dev-shm-usage", true),
 		chromedp.Flag("disable-gpu", true),

@@ -15,7 +15,7 @@ import (
 )
 
 // A service that starts while the cluster does not answer waits for the
-// state bucket instead of exiting: seen in CI, where one lookup that timed
+// state bucket instead of exiting: on a loaded machine one lookup that timed
 // out under load ended a standby arbiter that the test then relied on.
 func TestWaitStateKVOutlastsTheClustersAbsence(t *testing.T) {
 	if testing.Short() {

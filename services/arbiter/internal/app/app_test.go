@@ -518,7 +518,7 @@ func operatorLab(t *testing.T) (*lab, context.Context, func(op string, req event
 
 // operatorLeaseTTL is the arbiter lease in the tests of operator requests.
 // Only the leader answers a request, and the lab's 1 s lease can pass from
-// one replica to the other on a loaded machine (race detector, CI) while a
+// one replica to the other on a loaded machine (race detector, a shared runner) while a
 // request is in flight: it then goes unanswered, as fanctl would report,
 // which is not what these tests are about.
 const operatorLeaseTTL = 3 * time.Second

@@ -20,7 +20,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 )
 
-// The attack of the issue: credentials planted in an HTTP check's userinfo
+// The attack: credentials planted in an HTTP check's userinfo
 // and query and in an exec check's arguments (one marked by secret_args
 // index, one by prefix, one only recognisable by its name, and echoed back
 // by the program). A real prober runs against an embedded JetStream until
