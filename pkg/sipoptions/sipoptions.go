@@ -39,14 +39,14 @@ const (
 )
 
 // ErrClosed is returned by Ping on a closed Pinger.
-var ErrClosed = errors.New("sipclient: pinger closed")
+var ErrClosed = errors.New("sipoptions: pinger closed")
 
 // ErrRefused is returned, with Options.FailFast, when the target reports
 // that nothing listens on its port (ICMP port unreachable).
-var ErrRefused = errors.New("sipclient: refused")
+var ErrRefused = errors.New("sipoptions: refused")
 
 // ErrConnLost is returned by a TCP Ping whose connection ended before the answer came.
-var ErrConnLost = errors.New("sipclient: connection lost")
+var ErrConnLost = errors.New("sipoptions: connection lost")
 
 // Transport is how requests travel.
 type Transport string
@@ -152,21 +152,21 @@ func NewPingerWith(target string, o Options) (*Pinger, error) {
 		o.Transport = UDP
 	}
 	if o.Transport != UDP && o.Transport != TCP {
-		return nil, fmt.Errorf("sipclient: transport %q: want udp or tcp", o.Transport)
+		return nil, fmt.Errorf("sipoptions: transport %q: want udp or tcp", o.Transport)
 	}
 	if o.T1 == 0 {
 		o.T1 = DefaultT1
 	}
 	dst, err := netip.ParseAddrPort(target)
 	if err != nil {
-		return nil, fmt.Errorf("sipclient: target %q: %w", target, err)
+		return nil, fmt.Errorf("target %q: %w", target, err)
 	}
 	dst = netip.AddrPortFrom(dst.Addr().Unmap(), dst.Port())
 	// A connected socket is only a route lookup here: it tells us the source address
 	// without sending anything.
 	probeConn, err := net.DialUDP("udp", nil, net.UDPAddrFromAddrPort(dst))
 	if err != nil {
-		return nil, fmt.Errorf("sipclient: route to %s: %w", dst, err)
+		return nil, fmt.Errorf("route to %s: %w", dst, err)
 	}
 	src := probeConn.LocalAddr().(*net.UDPAddr).AddrPort()
 	probeConn.Close()
@@ -192,7 +192,7 @@ func NewPingerWith(target string, o Options) (*Pinger, error) {
 		conn, err = net.ListenUDP("udp", net.UDPAddrFromAddrPort(p.local))
 	}
 	if err != nil {
-		return nil, fmt.Errorf("sipclient: socket from %s: %w", src.Addr(), err)
+		return nil, fmt.Errorf("socket from %s: %w", src.Addr(), err)
 	}
 	p.udp = conn
 	la := conn.LocalAddr().(*net.UDPAddr).AddrPort()
@@ -288,9 +288,9 @@ func (p *Pinger) pingUDP(ctx context.Context, pr *probe, branch string) (Reply, 
 	sent := 1
 	if err := p.writeUDP(msg); err != nil {
 		if p.connected && errors.Is(err, syscall.ECONNREFUSED) {
-			return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s: %w", p.target, ErrRefused)
+			return Reply{}, fmt.Errorf("OPTIONS to %s: %w", p.target, ErrRefused)
 		}
-		return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s: %w", p.target, err)
+		return Reply{}, fmt.Errorf("OPTIONS to %s: %w", p.target, err)
 	}
 	// With retransmission off the timer channel stays nil and never fires.
 	var retransmit <-chan time.Time
@@ -314,7 +314,7 @@ func (p *Pinger) pingUDP(ctx context.Context, pr *probe, branch string) (Reply, 
 			interval = min(2*interval, T2)
 			t.Reset(interval)
 		case <-ctx.Done():
-			return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s (sent %d times): %w", p.target, sent, ctx.Err())
+			return Reply{}, fmt.Errorf("OPTIONS to %s (sent %d times): %w", p.target, sent, ctx.Err())
 		case <-p.done:
 			return Reply{}, ErrClosed
 		}
@@ -333,16 +333,16 @@ func (p *Pinger) pingTCP(ctx context.Context, tc *tcpConn, pr *probe, branch str
 		// A partial write leaves the stream unusable for everyone.
 		p.dropTCP(tc)
 		if ctx.Err() != nil {
-			return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s over tcp: %w", p.target, ctx.Err())
+			return Reply{}, fmt.Errorf("OPTIONS to %s over tcp: %w", p.target, ctx.Err())
 		}
-		return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s over tcp: %w: %w", p.target, ErrConnLost, err)
+		return Reply{}, fmt.Errorf("OPTIONS to %s over tcp: %w: %w", p.target, ErrConnLost, err)
 	}
 	select {
 	case o := <-pr.ch:
 		o.reply.Sent = 1
 		return o.reply, o.err
 	case <-ctx.Done():
-		return Reply{}, fmt.Errorf("sipclient: OPTIONS to %s over tcp: %w", p.target, ctx.Err())
+		return Reply{}, fmt.Errorf("OPTIONS to %s over tcp: %w", p.target, ctx.Err())
 	case <-p.done:
 		return Reply{}, ErrClosed
 	}
@@ -353,7 +353,7 @@ func (p *Pinger) tcpConn(ctx context.Context) (*tcpConn, error) {
 	select {
 	case p.dialing <- struct{}{}:
 	case <-ctx.Done():
-		return nil, fmt.Errorf("sipclient: connect to %s: %w", p.target, ctx.Err())
+		return nil, fmt.Errorf("connect to %s: %w", p.target, ctx.Err())
 	}
 	defer func() { <-p.dialing }()
 	p.mu.Lock()
@@ -368,7 +368,7 @@ func (p *Pinger) tcpConn(ctx context.Context) (*tcpConn, error) {
 	d := net.Dialer{LocalAddr: net.TCPAddrFromAddrPort(p.local), KeepAlive: 10 * time.Second}
 	c, err := d.DialContext(ctx, "tcp", p.target.String())
 	if err != nil {
-		return nil, fmt.Errorf("sipclient: connect to %s: %w", p.target, err)
+		return nil, fmt.Errorf("connect to %s: %w", p.target, err)
 	}
 	la := c.LocalAddr().(*net.TCPAddr).AddrPort()
 	tc = &tcpConn{c: c.(*net.TCPConn), local: netip.AddrPortFrom(la.Addr().Unmap(), la.Port())}
@@ -400,7 +400,7 @@ func (p *Pinger) dropTCP(tc *tcpConn) {
 	}
 	p.mu.Unlock()
 	for _, pr := range waiting {
-		pr.ch <- outcome{err: fmt.Errorf("sipclient: OPTIONS to %s over tcp: %w", p.target, ErrConnLost)}
+		pr.ch <- outcome{err: fmt.Errorf("OPTIONS to %s over tcp: %w", p.target, ErrConnLost)}
 	}
 }
 
@@ -437,7 +437,7 @@ func (p *Pinger) refuseAll() {
 	}
 	p.mu.Unlock()
 	for _, pr := range failed {
-		pr.ch <- outcome{err: fmt.Errorf("sipclient: OPTIONS to %s: %w", p.target, ErrRefused)}
+		pr.ch <- outcome{err: fmt.Errorf("OPTIONS to %s: %w", p.target, ErrRefused)}
 	}
 }
 
