@@ -520,19 +520,25 @@ func (s *Service) commanding() bool {
 
 func (s *Service) restore(ctx context.Context) (decide.State, error) {
 	var st decide.State
-	e, err := s.kv.Get(ctx, events.ArbiterStateKey(s.cfg.Cluster))
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return st, nil
-	}
+	// Through the bucket's raft leader, not a direct get: any replica may
+	// answer one, and a replica on a host just back from a partition
+	// answers with the state from before it, the holder the last term
+	// moved the group away from. A new leader that restored that would
+	// write it back as the group's status and take the address from the
+	// node that holds it.
+	raw, err := s.bus.LeaderGetKV(ctx, events.StateBucket, events.ArbiterStateKey(s.cfg.Cluster))
 	if err != nil {
 		return st, fmt.Errorf("read arbiter state: %w", err)
+	}
+	if raw == nil {
+		return st, nil
 	}
 	// A record that cannot be decoded or restored is corrupt: it will not
 	// get better by reading it again, and a leader that refuses to command
 	// until it does is stuck for good. Start from a view rebuilt from the
 	// group status instead (see rebuild).
-	if err := json.Unmarshal(e.Value(), &st); err != nil {
-		return s.rebuild(ctx, fmt.Errorf("decode arbiter state (revision %d, %d bytes): %w", e.Revision(), len(e.Value()), err))
+	if err := json.Unmarshal(raw, &st); err != nil {
+		return s.rebuild(ctx, fmt.Errorf("decode arbiter state (%d bytes): %w", len(raw), err))
 	}
 	// Not knowing whether the outstanding claim was answered, this replica
 	// does not command: the restore is tried again (within restore_within).
@@ -540,7 +546,7 @@ func (s *Service) restore(ctx context.Context) (decide.State, error) {
 		return st, err
 	}
 	if err := s.core.Restore(st); err != nil {
-		return s.rebuild(ctx, fmt.Errorf("restore arbiter state (revision %d): %w", e.Revision(), err))
+		return s.rebuild(ctx, fmt.Errorf("restore arbiter state: %w", err))
 	}
 	return st, nil
 }

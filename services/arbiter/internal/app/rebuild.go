@@ -3,13 +3,11 @@ package app
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"slices"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
-	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -70,20 +68,21 @@ func (s *Service) rebuild(ctx context.Context, corrupt error) (decide.State, err
 		freeze := func(why string) {
 			gs.Maintenance = "arbiter state was corrupt and rebuilt from group status; " + why + ": check the group, then unfreeze it"
 		}
-		e, err := s.kv.Get(ctx, events.GroupStatusKey(s.cfg.Cluster, g.Name))
+		// Through the leader, as the state itself (restore).
+		raw, err := s.bus.LeaderGetKV(ctx, events.StateBucket, events.GroupStatusKey(s.cfg.Cluster, g.Name))
 		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case err == nil && raw == nil:
 			freeze("no group status")
 		case err != nil:
 			// Transient: retried like any unreadable state.
 			return st, fmt.Errorf("%w; rebuilding: read group status %s: %w", corrupt, g.Name, err)
 		default:
 			var gst events.GroupStatus
-			if err := json.Unmarshal(e.Value(), &gst); err != nil {
+			if err := json.Unmarshal(raw, &gst); err != nil {
 				freeze("group status unreadable")
 				break
 			}
-			s.log.Debug("rebuild: group status", "group", g.Name, "revision", e.Revision(), "status", string(e.Value()))
+			s.log.Debug("rebuild: group status", "group", g.Name, "status", string(raw))
 			if slices.Contains(g.Nodes, gst.Holder) {
 				gs.Holder, gs.LastMove = gst.Holder, gst.Since
 			}
