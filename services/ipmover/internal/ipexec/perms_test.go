@@ -4,57 +4,16 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nkeys"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
 )
-
-// nkeyUser is one identity of a test bus with the permissions pkg/events
-// gives its role (what fanctl nats-config writes for a server).
-type nkeyUser struct {
-	id   events.Identity
-	seed string
-}
-
-func newNkeyUser(t *testing.T, role events.BusRole, name string) nkeyUser {
-	t.Helper()
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := kp.Seed()
-	pub, _ := kp.PublicKey()
-	path := filepath.Join(t.TempDir(), "user.nk")
-	if err := os.WriteFile(path, seed, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return nkeyUser{id: events.Identity{Cluster: "lab", Role: role, Name: name, PublicKey: pub}, seed: path}
-}
-
-func (u nkeyUser) server(t *testing.T) *server.NkeyUser {
-	t.Helper()
-	p, err := u.id.Permissions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sp := &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
-		Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
-	}
-	if p.AllowResponses {
-		sp.Response = &server.ResponsePermission{MaxMsgs: 1}
-	}
-	return &server.NkeyUser{Nkey: u.id.PublicKey, Permissions: sp}
-}
 
 // Everything the ipmover does with calls, as ipmover@n2 on a server that
 // enforces the permissions pkg/events derives: read the group's records
@@ -62,28 +21,11 @@ func (u nkeyUser) server(t *testing.T) *server.NkeyUser {
 // one handed over on its revision, report an adoption; and what it must
 // not do is refused: writing another node's kept record or any calls record.
 func TestCallsUnderItsPermissions(t *testing.T) {
-	admin, mover := newNkeyUser(t, events.RoleAdmin, "admin"), newNkeyUser(t, events.RoleIPMover, "n2")
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
-		Nkeys: []*server.NkeyUser{admin.server(t), mover.server(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(s.Shutdown)
+	admin, mover := bustest.NewUser(t, "lab", events.RoleAdmin, "admin"), bustest.NewUser(t, "lab", events.RoleIPMover, "n2")
+	s := bustest.EnforcingServer(t, admin, mover)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	connect := func(u nkeyUser, service string) *bus.Bus {
-		b, err := bus.Connect(ctx, bus.Config{URL: s.ClientURL(), NKeySeed: u.seed}, bus.Identity{Cluster: "lab", Service: service, Node: u.id.Name},
-			slog.New(slog.DiscardHandler))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		return b
-	}
+	connect := func(u bustest.User, service string) *bus.Bus { return bustest.ConnectAs(ctx, t, s, u, service) }
 	ab := connect(admin, "admin")
 	if err := ab.Provision(ctx); err != nil {
 		t.Fatal(err)

@@ -2,59 +2,16 @@ package calls_test
 
 import (
 	"context"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/calls"
-	"github.com/nats-io/nats-server/v2/server"
-	"github.com/nats-io/nkeys"
 )
-
-// identity is one nkey user of a test bus with the permissions pkg/events
-// gives its role (what fanctl nats-config writes for a server).
-type identity struct {
-	id   events.Identity
-	seed string
-	pub  string
-}
-
-func newIdentity(t *testing.T, role events.BusRole, name string) identity {
-	t.Helper()
-	kp, err := nkeys.CreateUser()
-	if err != nil {
-		t.Fatal(err)
-	}
-	seed, _ := kp.Seed()
-	pub, _ := kp.PublicKey()
-	path := filepath.Join(t.TempDir(), "user.nk")
-	if err := os.WriteFile(path, seed, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	return identity{id: events.Identity{Cluster: cluster, Role: role, Name: name, PublicKey: pub}, seed: path, pub: pub}
-}
-
-func (i identity) user(t *testing.T) *server.NkeyUser {
-	t.Helper()
-	p, err := i.id.Permissions()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sp := &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: p.Publish.Allow, Deny: p.Publish.Deny},
-		Subscribe: &server.SubjectPermission{Allow: p.Subscribe.Allow, Deny: p.Subscribe.Deny},
-	}
-	if p.AllowResponses {
-		sp.Response = &server.ResponsePermission{MaxMsgs: 1}
-	}
-	return &server.NkeyUser{Nkey: i.pub, Permissions: sp}
-}
 
 // TestRecorderUnderItsPermissions: the recorder does all it does (reads
 // its node's records, writes and deletes them, follows the group's status,
@@ -62,28 +19,11 @@ func (i identity) user(t *testing.T) *server.NkeyUser {
 // planned move) as replicator@n1 on a server that enforces the
 // permissions pkg/events derives, and nothing it does is refused.
 func TestRecorderUnderItsPermissions(t *testing.T) {
-	admin, repl := newIdentity(t, events.RoleAdmin, "admin"), newIdentity(t, events.RoleReplicator, "n1")
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: t.TempDir(), NoLog: true, NoSigs: true,
-		Nkeys: []*server.NkeyUser{admin.user(t), repl.user(t)}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats-server not ready")
-	}
-	t.Cleanup(s.Shutdown)
+	admin, repl := bustest.NewUser(t, cluster, events.RoleAdmin, "admin"), bustest.NewUser(t, cluster, events.RoleReplicator, "n1")
+	s := bustest.EnforcingServer(t, admin, repl)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	connect := func(i identity, service string) *bus.Bus {
-		b, err := bus.Connect(ctx, bus.Config{URL: s.ClientURL(), NKeySeed: i.seed}, bus.Identity{Cluster: cluster, Service: service, Node: i.id.Name},
-			slog.New(slog.DiscardHandler))
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(b.Close)
-		return b
-	}
+	connect := func(u bustest.User, service string) *bus.Bus { return bustest.ConnectAs(ctx, t, s, u, service) }
 	ab := connect(admin, "admin")
 	if err := ab.Provision(ctx); err != nil {
 		t.Fatal(err)
