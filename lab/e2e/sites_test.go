@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,19 +16,29 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 )
 
-// testReporter logs a scenario's timeline, counted from the fault.
+// testReporter logs a scenario's timeline, counted from the fault. The
+// scenario reports lines from the goroutine following the bus while it
+// marks the fault from its own.
 type testReporter struct {
 	t     *testing.T
 	start time.Time
+	mu    sync.Mutex
 	fault time.Time
 }
 
-func (r *testReporter) Fault(at time.Time) { r.fault = at }
+func (r *testReporter) Fault(at time.Time) {
+	r.mu.Lock()
+	r.fault = at
+	r.mu.Unlock()
+}
 
 func (r *testReporter) Line(at time.Time, who, text string) {
+	r.mu.Lock()
+	fault := r.fault
+	r.mu.Unlock()
 	stamp := fmt.Sprintf("%9.3fs", at.Sub(r.start).Seconds())
-	if !r.fault.IsZero() {
-		stamp = fmt.Sprintf("fault%+8.3fs", at.Sub(r.fault).Seconds())
+	if !fault.IsZero() {
+		stamp = fmt.Sprintf("fault%+8.3fs", at.Sub(fault).Seconds())
 	}
 	r.t.Logf("%s  %-14s %s", stamp, who, text)
 }

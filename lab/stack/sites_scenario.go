@@ -14,7 +14,8 @@ import (
 
 // Reporter receives a scenario's timeline: lines stamped with when they
 // happened (the lab's own observations and the trail's events), and the
-// moment of the fault, from which a printer may count.
+// moment of the fault, from which a printer may count. Its methods are
+// called from more than one goroutine at once.
 type Reporter interface {
 	Fault(at time.Time)
 	Line(at time.Time, who, text string)
