@@ -4,15 +4,12 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/lab/netlab/netlabtest"
-	"github.com/fanpbx/fan/lab/peer"
+	"github.com/fanpbx/fan/lab/asterisktest"
 	"github.com/fanpbx/fan/lab/phone"
 	"github.com/fanpbx/fan/lab/stack"
 )
@@ -30,39 +27,14 @@ var (
 )
 
 type asteriskLab struct {
-	ns   netlabtest.NS
-	conf string
-	ast  *peer.Proc
-	root string
+	*asterisktest.Node
 }
 
 func startAsterisk(t *testing.T) *asteriskLab {
 	t.Helper()
-	root := os.Getenv("FAN_ASTERISK")
-	if root == "" {
-		t.Skip("FAN_ASTERISK is not set (an Asterisk 22 install, e.g. /opt/asterisk-22)")
-	}
-	ns := netlabtest.NewNS(t, "fph")
-	for _, a := range []string{"198.51.100.11/32", "198.51.100.10/32", "198.51.100.51/32", "198.51.100.52/32"} {
-		ns.IP(t, "addr", "add", a, "dev", "lo")
-	}
-	shipped, err := stack.FindShippedAsterisk()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf, err := stack.WriteAsteriskEtc(t.TempDir(), stack.AsteriskEtc{Shipped: shipped, Install: root, NodeAddr: nodeAddr,
-		Floating: floating, AMISecret: "phone-test", Endpoints: endpoints})
-	if err != nil {
-		t.Fatal(err)
-	}
-	l := &asteriskLab{ns: ns, conf: conf, root: root}
-	l.start(t)
-	return l
-}
-
-func (l *asteriskLab) start(t *testing.T) {
-	t.Helper()
-	l.ast = peer.MustStart(t, nil, "ip", "netns", "exec", l.ns.Name, filepath.Join(l.root, "sbin", "asterisk"), "-C", l.conf, "-f")
+	n := asterisktest.New(t, "fph", stack.AsteriskEtc{NodeAddr: nodeAddr, Floating: floating, AMISecret: "phone-test", Endpoints: endpoints})
+	n.Start(t)
+	return &asteriskLab{n}
 }
 
 // phoneOn makes a phone in the namespace at addr.
@@ -76,7 +48,7 @@ func (l *asteriskLab) phoneOn(t *testing.T, user, addr string, answer bool) *pho
 			pw = e.Password
 		}
 	}
-	l.ns.Do(t, func() {
+	l.NS.Do(t, func() {
 		p, err = phone.New(phone.Config{User: user, Password: pw, Server: netip.AddrPortFrom(floating, 5060),
 			Addr: netip.MustParseAddrPort(addr), AutoAnswer: answer, AnswerAfter: 50 * time.Millisecond})
 	})
@@ -242,9 +214,9 @@ func TestAsteriskLostDialog(t *testing.T) {
 	wait(t, b, "b's audio to a", 5*time.Second, func(s phone.Status) bool { return s.Media == a.RTPAddr() })
 
 	kill := time.Now()
-	l.ast.Signal(t, syscall.SIGKILL)
-	<-l.ast.Done()
-	l.start(t)
+	l.Proc.Signal(t, syscall.SIGKILL)
+	<-l.Proc.Done()
+	l.Start(t)
 	// Asterisk answers again: a REGISTER of a third phone goes through.
 	register(t, l.phoneOn(t, "6003", "198.51.100.51:5066", false))
 	if g := b.Gap(kill, time.Now()); g.Packets == 0 {

@@ -5,15 +5,13 @@ import (
 	"io"
 	"net"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/lab/asterisktest"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/netlab/netlabtest"
-	"github.com/fanpbx/fan/lab/peer"
 	"github.com/fanpbx/fan/lab/phone"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
@@ -40,10 +38,7 @@ var (
 const astSecret = "recorder-test"
 
 type asteriskNode struct {
-	ns   netlabtest.NS
-	conf string
-	root string
-	ast  *peer.Proc
+	*asterisktest.Node
 	// ami is a loopback address of the test's own namespace that reaches
 	// Asterisk's AMI in the node's namespace.
 	ami string
@@ -51,32 +46,11 @@ type asteriskNode struct {
 
 func startAsteriskNode(t *testing.T) *asteriskNode {
 	t.Helper()
-	root := os.Getenv("FAN_ASTERISK")
-	if root == "" {
-		t.Skip("FAN_ASTERISK is not set (an Asterisk 22 install, e.g. /opt/asterisk-22)")
-	}
-	ns := netlabtest.NewNS(t, "frec")
-	for _, a := range []string{"198.51.100.11/32", "198.51.100.10/32", "198.51.100.51/32", "198.51.100.52/32"} {
-		ns.IP(t, "addr", "add", a, "dev", "lo")
-	}
-	shipped, err := stack.FindShippedAsterisk()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conf, err := stack.WriteAsteriskEtc(t.TempDir(), stack.AsteriskEtc{Shipped: shipped, Install: root, NodeAddr: astNode,
-		Floating: astFloating, AMISecret: astSecret, Endpoints: astPhones})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := &asteriskNode{ns: ns, conf: conf, root: root}
-	n.ami = forwardAMI(t, ns)
-	n.start(t)
+	n := &asteriskNode{Node: asterisktest.New(t, "frec", stack.AsteriskEtc{NodeAddr: astNode, Floating: astFloating,
+		AMISecret: astSecret, Endpoints: astPhones})}
+	n.ami = forwardAMI(t, n.NS)
+	n.Start(t)
 	return n
-}
-
-func (n *asteriskNode) start(t *testing.T) {
-	t.Helper()
-	n.ast = peer.MustStart(t, nil, "ip", "netns", "exec", n.ns.Name, filepath.Join(n.root, "sbin", "asterisk"), "-C", n.conf, "-f")
 }
 
 // forwardAMI listens on the test's loopback and carries each connection to
@@ -128,7 +102,7 @@ func (n *asteriskNode) phone(t *testing.T, user, addr string, answer bool) *phon
 	}
 	var p *phone.Phone
 	var err error
-	n.ns.Do(t, func() {
+	n.NS.Do(t, func() {
 		p, err = phone.New(phone.Config{User: user, Password: pw, Server: netip.AddrPortFrom(astFloating, 5060),
 			Addr: netip.MustParseAddrPort(addr), AutoAnswer: answer, AnswerAfter: 50 * time.Millisecond})
 	})
@@ -323,7 +297,7 @@ func TestAsteriskHangsUpCarriedCall(t *testing.T) {
 		user := p.User()
 		p.Close()
 		var np *phone.Phone
-		n.ns.Do(t, func() {
+		n.NS.Do(t, func() {
 			np, err = phone.New(phone.Config{User: user, Server: netip.AddrPortFrom(astFloating, 5060), Addr: netip.MustParseAddrPort(addrs[i])})
 		})
 		if err != nil {
