@@ -20,6 +20,7 @@ require (
 )
 
 require (
+	github.com/fanpbx/fan/pkg/platform v0.0.0
 	github.com/fanpbx/fan/pkg/sipoptions v0.0.0
 	github.com/google/uuid v1.6.0 // indirect
 	golang.org/x/sys v0.49.0 // indirect
@@ -28,3 +29,5 @@ require (
 replace github.com/fanpbx/fan/pkg/events => ../pkg/events
 
 replace github.com/fanpbx/fan/pkg/sipoptions => ../pkg/sipoptions
+
+replace github.com/fanpbx/fan/pkg/platform => ../pkg/platform

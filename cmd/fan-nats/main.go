@@ -24,8 +24,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 
 	"github.com/fanpbx/fan/cmd/internal/natsconf"
-	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/natsserver"
 )
 
 var version = "dev"
@@ -62,7 +62,7 @@ func main() {
 		fmt.Printf("fan-nats: configuration %s is valid\n", what)
 		return
 	}
-	e := s.Embedded
+	e := s.Server
 	e.LogNotices = true
 	// Under systemd (Type=notify in fan-nats.service) READY=1 tells the
 	// units ordered after this one that the server accepts clients.
@@ -72,7 +72,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	srv, err := bus.StartEmbedded(e, log)
+	srv, err := natsserver.Start(e, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fan-nats:", err)
 		os.Exit(1)
@@ -113,9 +113,9 @@ func reload(srv *server.Server, log *slog.Logger) {
 		log.Error("reload refused: the configuration is invalid; still running the previous one", "err", err)
 		return
 	}
-	if err := bus.ReloadEmbedded(srv, s.Embedded); err != nil {
+	if err := natsserver.Reload(srv, s.Server); err != nil {
 		log.Error("reload refused; still running the previous configuration (a restart applies it)", "err", err)
 		return
 	}
-	log.Info("reloaded", "server_config", s.Embedded.ServerConfig)
+	log.Info("reloaded", "server_config", s.Server.ServerConfig)
 }

@@ -2,11 +2,14 @@ package amipeer
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Exchanges observed on Asterisk 22.10.1 (systemname pbx, a phone 6001 at
@@ -243,21 +246,16 @@ func TestOriginateDialsContacts(t *testing.T) {
 	if got, want := r.read(2*time.Second), msg("Response: Success", "ActionID: o1", "Message: Originate successfully queued"); got != want {
 		t.Fatalf("async: %q", got)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	waittest.Until(t, 2*time.Second, "the dialer called", func() bool {
 		mu.Lock()
-		n := len(dialed)
-		mu.Unlock()
-		if n == 1 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the dialer was not called")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	if dialed[0] != "sip:6001@127.0.0.1:5370" {
-		t.Fatalf("dialed %v", dialed)
+		defer mu.Unlock()
+		return len(dialed) == 1
+	})
+	mu.Lock()
+	got := slices.Clone(dialed)
+	mu.Unlock()
+	if got[0] != "sip:6001@127.0.0.1:5370" {
+		t.Fatalf("dialed %v", got)
 	}
 	// Nobody registered: a synchronous Originate fails, an async one is
 	// queued all the same (Asterisk answers both so).

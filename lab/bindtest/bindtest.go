@@ -21,6 +21,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/peer"
 	"github.com/fanpbx/fan/lab/prereq"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
 
 	"github.com/miekg/dns"
 )
@@ -66,7 +67,7 @@ func StartWithSecondary(t testing.TB, zone, zoneFile string, grants ...string) (
 	// name the primary's, so that port is probed early and may be taken by
 	// the time the secondary binds it: then retry with a new pair.
 	for range 3 {
-		port, err := peer.FreePort()
+		port, err := porttest.Free()
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -109,7 +110,7 @@ func startPrimary(t testing.TB, bin string, r role) *Named {
 func launch(t testing.TB, bin string, port int, r role) (*Named, error) {
 	if port == 0 {
 		var err error
-		if port, err = peer.FreePort(); err != nil {
+		if port, err = porttest.Free(); err != nil {
 			return nil, err
 		}
 	}

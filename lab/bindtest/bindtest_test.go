@@ -1,11 +1,14 @@
 package bindtest
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/miekg/dns"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // The secondary must learn of a change within moments, not at the SOA
@@ -22,15 +25,11 @@ sip 30 IN A 192.0.2.10
 	}
 
 	primary.SetA(t, "sip.voip.test", "203.0.113.20")
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waittest.Succeeds(t, 5*time.Second, "the secondary serving the update at serial 2", func() error {
 		got, serial := secondary.Lookup(t, "sip.voip.test", dns.TypeA)
-		if slices.Equal(got, []string{"30 203.0.113.20"}) && serial == 2 {
-			return
+		if !slices.Equal(got, []string{"30 203.0.113.20"}) || serial != 2 {
+			return fmt.Errorf("secondary still serves %q at serial %d", got, serial)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("secondary still serves %q at serial %d, want the update at serial 2", got, serial)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
 }

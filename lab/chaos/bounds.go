@@ -51,7 +51,7 @@ const PartitionBound = (natsMaxPingsOut+1)*natsPingInterval + natsReconnectWait 
 // pkg/platform/bus's embedded server.
 const (
 	routePingInterval   = 2 * time.Second // bus.routePingInterval (fan-nats)
-	routeMaxPingsOut    = 2               // Cluster.MaxPingsOut in bus.StartEmbedded
+	routeMaxPingsOut    = 2               // Cluster.MaxPingsOut in natsserver.Start
 	routeReconnectDelay = time.Second     // nats-server's DEFAULT_ROUTE_RECONNECT
 	consumerHeartbeat   = time.Second     // idle heartbeat of the executors' consumers: a stall is noticed in 2 of them
 )

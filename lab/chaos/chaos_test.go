@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/lab/prereq"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
 )
@@ -359,7 +360,7 @@ func TestChaosShortRun(t *testing.T) {
 	stack.RequireLab(t)
 	bin := stack.BinDirForTest(t)
 	if _, err := exec.LookPath("iptables"); err != nil {
-		stack.SkipOrFail(t, "iptables is not installed")
+		prereq.SkipOrFail(t, "iptables is not installed")
 	}
 	d := 2 * time.Minute
 	if s := os.Getenv("FAN_CHAOS_DURATION"); s != "" {

@@ -63,9 +63,18 @@ func TestCallSendsOneLineAndReadsTheReply(t *testing.T) {
 
 // A server that never answers holds a caller no longer than its context.
 func TestCallEndsWithItsContext(t *testing.T) {
-	path := serve(t, func(string) *string { return nil })
+	asked := make(chan struct{}, 1)
+	path := serve(t, func(string) *string {
+		select {
+		case asked <- struct{}{}:
+		default:
+		}
+		return nil
+	})
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { time.Sleep(100 * time.Millisecond); cancel() }()
+	defer cancel()
+	// Cancelled once the server holds the call.
+	go func() { <-asked; cancel() }()
 	done := make(chan error, 1)
 	go func() { _, err := Call(ctx, path, "status"); done <- err }()
 	select {

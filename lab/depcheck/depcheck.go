@@ -102,3 +102,25 @@ func Find(mods []Module) []Drift {
 	}
 	return out
 }
+
+// Linked lists the packages whose path starts with prefix that the program
+// pkg (a package path or ./dir, in the module at dir, built alone) compiles,
+// less those in allow: what a program must not carry, such as a service
+// carrying nats-server.
+func Linked(ctx context.Context, dir, pkg, prefix string, allow ...string) ([]string, error) {
+	cmd := exec.CommandContext(ctx, "go", "list", "-deps", "-f", "{{.ImportPath}}", pkg)
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOWORK=off")
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("go list -deps %s in %s: %w: %s", pkg, dir, err, strings.TrimSpace(errb.String()))
+	}
+	var linked []string
+	for _, p := range strings.Fields(out.String()) {
+		if (p == prefix || strings.HasPrefix(p, prefix+"/")) && !slices.Contains(allow, p) {
+			linked = append(linked, p)
+		}
+	}
+	return linked, nil
+}

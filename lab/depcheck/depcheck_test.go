@@ -74,3 +74,41 @@ func TestOwnModulesAreNotCompared(t *testing.T) {
 		t.Fatalf("x/sys at two versions not reported: %v", d)
 	}
 }
+
+// TestLinkedFindsAForbiddenPackage builds a program that imports a server
+// package and one that imports only an allowed package of the same module.
+func TestLinkedFindsAForbiddenPackage(t *testing.T) {
+	root := t.TempDir()
+	write := func(rel, text string) {
+		t.Helper()
+		p := filepath.Join(root, rel)
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("srv/go.mod", "module example.com/srv\n\ngo 1.22\n")
+	write("srv/server/server.go", "package server\n\nconst Name = \"server\"\n")
+	write("srv/archive/archive.go", "package archive\n\nconst Magic = \"m\"\n")
+	write("app/go.mod", "module example.com/app\n\ngo 1.22\n\nrequire example.com/srv v1.0.0\n\nreplace example.com/srv v1.0.0 => ../srv\n")
+	write("app/svc/main.go", "package main\n\nimport \"example.com/srv/server\"\n\nfunc main() { println(server.Name) }\n")
+	write("app/tool/main.go", "package main\n\nimport \"example.com/srv/archive\"\n\nfunc main() { println(archive.Magic) }\n")
+
+	ctx := context.Background()
+	got, err := Linked(ctx, filepath.Join(root, "app"), "./svc", "example.com/srv", "example.com/srv/archive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Join(got, ",") != "example.com/srv/server" {
+		t.Fatalf("svc links %v, want the server package", got)
+	}
+	got, err = Linked(ctx, filepath.Join(root, "app"), "./tool", "example.com/srv", "example.com/srv/archive")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 0 {
+		t.Fatalf("tool links %v, want nothing but the allowed package", got)
+	}
+}

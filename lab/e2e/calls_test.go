@@ -15,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/lab/phone"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -231,9 +232,7 @@ func TestCallsSurviveFailover(t *testing.T) {
 	if ch, calls, err := st.PBXChannels(ctx, "n2"); err != nil || ch != 0 {
 		t.Errorf("n2's PBX: %d channels, %d calls (%v), want none", ch, calls, err)
 	}
-	if kept := waitNoKept(ctx, st, 10*time.Second); len(kept) != 0 {
-		t.Errorf("kept calls left in %s after both calls ended: %v", events.CallsBucket, kept)
-	}
+	waitCallKeys(t, ctx, st, "kept", 0, 10*time.Second, "no kept calls left in "+events.CallsBucket+" after both calls ended")
 
 	// The trail: the claim's result says what was adopted and what not.
 	checkAdoption(t, ctx, st, 2, map[string]int{events.NotAdoptedAnchored: 1})
@@ -286,13 +285,12 @@ func waitPhone(t *testing.T, ctx context.Context, p *phone.Phone, what string, w
 // waitAudio waits until rx has n packets from from.
 func waitAudio(t *testing.T, rx *phone.Phone, from netip.AddrPort, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for rx.RTP().Sources[from] < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s hears %v, want %d packets from %s", rx.User(), rx.RTP().Sources, n, from)
+	waittest.Succeeds(t, 5*time.Second, fmt.Sprintf("%s hearing %d packets from %s", rx.User(), n, from), func() error {
+		if got := rx.RTP().Sources; got[from] < n {
+			return fmt.Errorf("hears %v", got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // checkToldBy asserts p's call ended by a BYE in its dialog from the
@@ -377,24 +375,6 @@ func waitRecords(t *testing.T, ctx context.Context, st *stack.Stack, n int, with
 	}
 }
 
-// waitNoKept waits until no kept call remains and returns what remains.
-func waitNoKept(ctx context.Context, st *stack.Stack, within time.Duration) []string {
-	deadline := time.Now().Add(within)
-	for {
-		keys, err := callKeys(ctx, st, "kept")
-		if err == nil && len(keys) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			if err != nil {
-				return []string{err.Error()}
-			}
-			return keys
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-}
-
 // checkAdoption finds the failover's claim on n2 in the trail and its
 // adoption: in the claim's result, or in a calls.adopted event citing it.
 func checkAdoption(t *testing.T, ctx context.Context, st *stack.Stack, adopted int, notAdopted map[string]int) {
@@ -402,36 +382,29 @@ func checkAdoption(t *testing.T, ctx context.Context, st *stack.Stack, adopted i
 	var (
 		chain stack.FailoverChain
 		got   *events.CallsAdoption
-		evs   []stack.Event
-		err   error
 	)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		evs, err = st.Events(ctx)
-		if err == nil {
-			chain, err = stack.FindFailoverChain(evs, "n1", "n2")
+	waittest.Succeeds(t, 10*time.Second, "the adoption of the calls in the trail of the failover n1 -> n2", func() error {
+		evs, err := st.Events(ctx)
+		if err != nil {
+			return err
 		}
-		if err == nil {
-			res := chain.Result.Payload.(*events.CommandResult)
-			got = res.Calls
-			if got != nil && got.Deferred {
-				got = nil
-				for _, e := range evs {
-					if ca, ok := e.Payload.(*events.CallsAdopted); ok && ca.CommandID == chain.Claim.Env.ID {
-						got = &ca.Calls
-					}
+		if chain, err = stack.FindFailoverChain(evs, "n1", "n2"); err != nil {
+			return err
+		}
+		got = chain.Result.Payload.(*events.CommandResult).Calls
+		if got != nil && got.Deferred {
+			got = nil
+			for _, e := range evs {
+				if ca, ok := e.Payload.(*events.CallsAdopted); ok && ca.CommandID == chain.Claim.Env.ID {
+					got = &ca.Calls
 				}
 			}
-			if got != nil {
-				break
-			}
 		}
-		if time.Now().After(deadline) {
-			t.Errorf("no adoption of the calls in the trail of the failover n1 -> n2 (%v; claim's result %+v)", err, chain.Result.Payload)
-			return
+		if got == nil {
+			return fmt.Errorf("claim's result %+v", chain.Result.Payload)
 		}
-		time.Sleep(250 * time.Millisecond)
-	}
+		return nil
+	})
 	t.Logf("claim on n2: adopted %d, not adopted %v, from %v", got.Adopted, got.NotAdopted, got.From)
 	if got.Adopted != adopted || got.Error != "" {
 		t.Errorf("the claim adopted %d calls (error %q), want %d", got.Adopted, got.Error, adopted)

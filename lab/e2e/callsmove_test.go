@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
 	"strings"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/phone"
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestCallsCarriedAcrossSwitchover: a planned move carries a direct-media
@@ -86,7 +88,7 @@ func TestCallsCarriedAcrossSwitchover(t *testing.T) {
 		t.Fatalf("the switchover with only a carriable call up: %v\n%s", err, out)
 	}
 	t.Logf("switchover asked to n2 holding: %v (fanctl: %s)", time.Since(asked).Round(time.Millisecond), strings.TrimSpace(string(out)))
-	waitKept(t, ctx, st, 1, 30*time.Second)
+	waitCallKeys(t, ctx, st, "kept", 1, 30*time.Second, "the carried call kept")
 
 	// The call is up, its audio flows, and n1's PBX still has it.
 	before := map[*phone.Phone]uint64{a: a.RTP().Sources[b.RTPAddr()], b: b.RTP().Sources[a.RTPAddr()]}
@@ -116,24 +118,16 @@ func TestCallsCarriedAcrossSwitchover(t *testing.T) {
 		t.Logf("A's BYE: %v", err) // n2's PBX answers it 481
 	}
 	checkToldBy(t, ctx, b, "A's hangup", hangup, vip)
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	waittest.Succeeds(t, 15*time.Second, "n1's channels of the carried call gone after it ended at n2", func() error {
 		ch, _, err := st.PBXChannels(ctx, "n1")
-		if err == nil && ch == 0 {
-			t.Logf("n1's channels of the carried call gone %v after A's hangup", time.Since(hangup).Round(time.Millisecond))
-			break
+		if err == nil && ch != 0 {
+			err = fmt.Errorf("n1's PBX still has %d channels", ch)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("n1's PBX still has %d channels (%v) 15 s after the carried call ended at n2", ch, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	if kept := waitNoKept(ctx, st, 10*time.Second); len(kept) != 0 {
-		t.Errorf("kept records left after the call ended: %v", kept)
-	}
-	if left := waitNoRecords(ctx, st, 10*time.Second); len(left) != 0 {
-		t.Errorf("call records left after n1's channels went: %v", left)
-	}
+		return err
+	})
+	t.Logf("n1's channels of the carried call gone %v after A's hangup", time.Since(hangup).Round(time.Millisecond))
+	waitCallKeys(t, ctx, st, "kept", 0, 10*time.Second, "no kept records left after the call ended")
+	waitCallKeys(t, ctx, st, "calls", 0, 10*time.Second, "no call records left after n1's channels went")
 	// n1's PBX ended its dialogs too: the phones answered 481 and stay idle.
 	time.Sleep(time.Second)
 	for _, p := range []*phone.Phone{a, b} {
@@ -148,36 +142,15 @@ func TestCallsCarriedAcrossSwitchover(t *testing.T) {
 	}
 }
 
-// waitKept waits for n kept records in the bucket.
-func waitKept(t *testing.T, ctx context.Context, st *stack.Stack, n int, within time.Duration) {
+// waitCallKeys waits until the calls bucket holds n records of kind
+// ("calls", "kept").
+func waitCallKeys(t *testing.T, ctx context.Context, st *stack.Stack, kind string, n int, within time.Duration, what string) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		keys, err := callKeys(ctx, st, "kept")
-		if err == nil && len(keys) == n {
-			return
+	waittest.Succeeds(t, within, what, func() error {
+		keys, err := callKeys(ctx, st, kind)
+		if err == nil && len(keys) != n {
+			err = fmt.Errorf("%d %s records, want %d: %v", len(keys), kind, n, keys)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d kept records within %v, want %d: %v (%v)", len(keys), within, n, keys, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// waitNoRecords waits until no node's calls record is left.
-func waitNoRecords(ctx context.Context, st *stack.Stack, within time.Duration) []string {
-	deadline := time.Now().Add(within)
-	for {
-		keys, err := callKeys(ctx, st, "calls")
-		if err == nil && len(keys) == 0 {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			if err != nil {
-				return []string{err.Error()}
-			}
-			return keys
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 }

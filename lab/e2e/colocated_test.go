@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/fanpbx/fan/lab/leaders"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestColocatedTopology runs the small production shape: a NATS server and
@@ -42,17 +44,13 @@ func TestColocatedTopology(t *testing.T) {
 	other := map[string]string{"n1": "n2", "n2": "n1"}
 	settled := func(t *testing.T) {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		waittest.Succeeds(t, 30*time.Second, "raft groups settled", func() error {
 			gs, err := leaders.List(ctx, js)
-			if err == nil && leaders.Settled(gs) {
-				return
+			if err == nil && !leaders.Settled(gs) {
+				err = fmt.Errorf("not settled: %s", leaders.Describe(gs))
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("raft groups not settled: %s (%v)", leaders.Describe(gs), err)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return err
+		})
 	}
 	settled(t)
 	witness := st.ServerName(stack.WitnessHost)
@@ -111,17 +109,13 @@ func TestColocatedTopology(t *testing.T) {
 		}
 		settled(t)
 		onWitness(t, crash+" returned")
-		deadline := time.Now().Add(30 * time.Second)
-		for {
+		waittest.Succeeds(t, 30*time.Second, fmt.Sprintf("%s the only holder after %s returned", survivor, crash), func() error {
 			hs, err := bench.AddressHolders(ctx, l)
-			if err == nil && equal(hs, []string{survivor}) {
-				break
+			if err == nil && !equal(hs, []string{survivor}) {
+				err = fmt.Errorf("holders %v", hs)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("holders after %s returned: %v (%v), want [%s]", crash, hs, err, survivor)
-			}
-			time.Sleep(100 * time.Millisecond)
-		}
+			return err
+		})
 	}
 	// (a) Every raft leader, the meta leader and the arbiter's lease forced
 	// onto the holder's host first: the worst place for them.

@@ -26,6 +26,7 @@ import (
 	"github.com/fanpbx/fan/lab/leaders"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nkeys"
 )
 
@@ -323,17 +324,13 @@ func waitSettled(ctx context.Context, t *testing.T, st *stack.Stack, l *netlab.L
 		t.Fatalf("admin: %v", err)
 	}
 	defer admin.nc.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	waittest.Succeeds(t, 60*time.Second, "raft groups settled", func() error {
 		gs, err := leaders.List(ctx, admin.js)
-		if err == nil && leaders.Settled(gs) {
-			return
+		if err == nil && !leaders.Settled(gs) {
+			err = fmt.Errorf("not settled: %s", leaders.Describe(gs))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("raft groups not settled: %s (%v)", leaders.Describe(gs), err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // startDoctorPeer starts an AMI peer listening in n1's namespace (a socket

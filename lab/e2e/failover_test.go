@@ -3,6 +3,7 @@
 package e2e
 
 import (
+	"fmt"
 	"regexp"
 	"strconv"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 func TestFailoverEndToEnd(t *testing.T) {
@@ -43,43 +45,42 @@ func TestFailoverEndToEnd(t *testing.T) {
 		t.Fatalf("client's ARP entry for %s is %q (%s, %v), want n2's %s", vip, mac, state, err, l.MAC("n2"))
 	}
 	// The old holder was told to release and did: one holder.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waittest.Succeeds(t, 10*time.Second, "n1 releasing "+vip.String()+" after the failover", func() error {
 		out, err := l.Exec(ctx, "n1", "ip", "-o", "addr", "show", "dev", "eth0")
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.Contains(string(out), " "+vip.String()+"/") {
-			break
+		if strings.Contains(string(out), " "+vip.String()+"/") {
+			return fmt.Errorf("n1 still holds it:\n%s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("n1 still holds %s after the failover:\n%s", vip, out)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 
 	// (c) The trail explains the move: health-down -> decision -> claim ->
 	// result, linked by causation ids, read back through fanctl.
 	var chain stack.FailoverChain
-	deadline = time.Now().Add(10 * time.Second)
-	for {
-		evs, err := st.Events(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if chain, err = stack.FindFailoverChain(evs, "n1", "n2"); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
+	var evs []stack.Event
+	found := false
+	defer func() {
+		if !found {
 			for _, e := range evs {
 				if _, hb := e.Payload.(*events.NodeHeartbeat); !hb {
 					t.Logf("%s %s id=%s cause=%s %+v", e.Env.Type, e.Env.Source.Node, e.Env.ID, e.Env.CausationID, e.Payload)
 				}
 			}
-			t.Fatalf("%v (%d events in the trail)", err, len(evs))
 		}
-		time.Sleep(250 * time.Millisecond)
-	}
+	}()
+	waittest.Succeeds(t, 10*time.Second, "the failover's chain in the trail", func() error {
+		var err error
+		if evs, err = st.Events(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if chain, err = stack.FindFailoverChain(evs, "n1", "n2"); err != nil {
+			return fmt.Errorf("%w (%d events in the trail)", err, len(evs))
+		}
+		return nil
+	})
+	found = true
 	// The group "pbx" (AMI and SIP both up) went down; its evidence is each
 	// member's latest result, and at least one of them failed.
 	ht := chain.Health.Payload.(*events.HealthTransition)
@@ -98,20 +99,16 @@ func TestFailoverEndToEnd(t *testing.T) {
 	t.Logf("chain: %s -> %s -> %s -> %s", chain.Health.Env.ID, chain.Decision.Env.ID, chain.Claim.Env.ID, chain.Result.Env.ID)
 
 	// fanctl status agrees once the arbiter has taken the claim's result.
-	deadline = time.Now().Add(5 * time.Second)
-	for {
+	waittest.Succeeds(t, 5*time.Second, "fanctl status showing n2 holding", func() error {
 		gs, err := st.Status(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(gs) == 1 && gs[0].Holder == "n2" {
-			break
+		if len(gs) != 1 || gs[0].Holder != "n2" {
+			return fmt.Errorf("fanctl status: %+v", gs)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fanctl status: %+v, want n2 holding", gs)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 
 	// (d) fanctl replay reads the real binaries' trail and compares every
 	// decision with the core's. Whether they agree is not asserted here:

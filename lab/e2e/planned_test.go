@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestPlannedSwitchoverEndToEnd: with a call up on n1 (its Asterisk, the
@@ -33,24 +35,16 @@ func TestPlannedSwitchoverEndToEnd(t *testing.T) {
 	}
 	// Wait until the prober's AMI run and heartbeat have carried the call
 	// onto the bus (the arbiter reads the same live stream).
-	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+	waittest.Until(t, 20*time.Second, "n1's heartbeats reporting the call", func() bool {
 		evs, err := st.LiveEvents(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		heard := false
-		for _, e := range evs {
-			if hb, ok := e.Payload.(*events.NodeHeartbeat); ok && hb.Node == "n1" && hb.ActiveChannels != nil && *hb.ActiveChannels == 2 {
-				heard = true
-			}
-		}
-		if heard {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("n1's heartbeats never reported the call")
-		}
-	}
+		return slices.ContainsFunc(evs, func(e stack.Event) bool {
+			hb, ok := e.Payload.(*events.NodeHeartbeat)
+			return ok && hb.Node == "n1" && hb.ActiveChannels != nil && *hb.ActiveChannels == 2
+		})
+	})
 	out := fanctl("switchover", "--to", "n2", "--reason", "kernel update on n1")
 	if !strings.Contains(out, "waits for n1 to drain: n1 has 2 active channels") {
 		t.Fatalf("switchover with a call up on n1:\n%s", out)

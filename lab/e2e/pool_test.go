@@ -23,7 +23,7 @@ import (
 // calls drops to what the published weights give it.
 func TestKamailioPool(t *testing.T) {
 	if os.Geteuid() != 0 {
-		stack.SkipOrFail(t, "needs root for network namespaces")
+		prereq.SkipOrFail(t, "needs root for network namespaces")
 	}
 	prereq.Need(t, "kamailio", "kamailio")
 	prereq.Need(t, "sip-tester", "sipp")

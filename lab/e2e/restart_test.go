@@ -5,9 +5,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // A service killed with SIGKILL comes back a second later (its unit's
@@ -24,7 +24,7 @@ func TestKilledServiceIsRestarted(t *testing.T) {
 	if err := syscall.Kill(killed, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	netlabtest.WaitUntil(t, 10*time.Second, "the killed replicator to run again", func() bool {
+	waittest.Until(t, 10*time.Second, "the killed replicator to run again", func() bool {
 		return p.Restarts() == 1 && !p.Exited()
 	})
 	if p.Pid() == killed {
@@ -32,7 +32,7 @@ func TestKilledServiceIsRestarted(t *testing.T) {
 	}
 	// Up, not merely started: the new run joins the bus and announces
 	// itself after the kill (the killed run may not have got that far).
-	netlabtest.WaitUntil(t, 20*time.Second, "the restarted replicator's start announcement", func() bool {
+	waittest.Until(t, 20*time.Second, "the restarted replicator's start announcement", func() bool {
 		evs, err := st.Events(ctx)
 		if err != nil {
 			t.Logf("events: %v", err)

@@ -21,6 +21,7 @@ import (
 	"github.com/fanpbx/fan/lab/runbook"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // opsDoc is the operator's runbook; TestRunbook runs its commands.
@@ -529,9 +530,10 @@ func (r *runbookLab) must(host, name string) string {
 // until runs a block until it succeeds and its output passes every check.
 func (r *runbookLab) until(host, name string, within time.Duration, checks ...func(string) error) string {
 	r.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		out, err := r.run(host, name)
+	var out string
+	waittest.Succeeds(r.t, within, fmt.Sprintf("block %s on %s", name, host), func() error {
+		var err error
+		out, err = r.run(host, name)
 		if err == nil {
 			for _, c := range checks {
 				if err = c(out); err != nil {
@@ -539,15 +541,16 @@ func (r *runbookLab) until(host, name string, within time.Duration, checks ...fu
 				}
 			}
 		}
-		if err == nil {
-			r.t.Logf("block %s on %s:\n%s", name, host, out)
-			return out
+		if err != nil && r.ctx.Err() != nil {
+			r.t.Fatalf("block %s on %s: %v (%v)\n%s", name, host, err, r.ctx.Err(), out)
 		}
-		if time.Now().After(deadline) || r.ctx.Err() != nil {
-			r.t.Fatalf("block %s on %s within %v: %v\n%s", name, host, within, err, out)
+		if err != nil {
+			return fmt.Errorf("%w\n%s", err, out)
 		}
-		time.Sleep(300 * time.Millisecond)
-	}
+		return nil
+	})
+	r.t.Logf("block %s on %s:\n%s", name, host, out)
+	return out
 }
 
 // has requires every pattern to match the output.
@@ -615,13 +618,12 @@ func countFiles(t *testing.T, dir string) int {
 
 func waitFiles(t *testing.T, dir string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for n := countFiles(t, dir); n != want; n = countFiles(t, dir) {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s holds %d files, want %d", dir, n, want)
+	waittest.Succeeds(t, 30*time.Second, fmt.Sprintf("%d files in %s", want, dir), func() error {
+		if n := countFiles(t, dir); n != want {
+			return fmt.Errorf("it holds %d", n)
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // ipmoverState is the ipmover's state_file on host, as its configuration
@@ -808,15 +810,13 @@ func (r *runbookLab) rebuildBus(answer func(string)) {
 	// The restored stream sources the new command stream: the new
 	// placement's claim is in the trail.
 	claim := "claim " + r.l.FloatingIP().String() + " on n1"
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+	waittest.Succeeds(t, 30*time.Second, "the new bus's claim ("+claim+") in the audit trail", func() error {
 		out := r.fanctl(ctl, "events --since "+time.Since(lost).Round(time.Second).String()+" --type command.claim_ip")
-		if strings.Contains(out, claim) {
-			break
+		if !strings.Contains(out, claim) {
+			return fmt.Errorf("trail:\n%s", out)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the new bus's claim (%s) is not in the audit trail:\n%s", claim, out)
-		}
-	}
+		return nil
+	})
 }
 
 // checkStoredBefore requires the audit stream's first record to carry the

@@ -55,7 +55,7 @@ func (r *testReporter) Line(at time.Time, who, text string) {
 // and the name goes back only once a failback window opens.
 func TestDNSTwoSites(t *testing.T) {
 	if os.Geteuid() != 0 {
-		stack.SkipOrFail(t, "needs root for network namespaces")
+		prereq.SkipOrFail(t, "needs root for network namespaces")
 	}
 	prereq.Need(t, "bind9", "named")
 	bin := stack.BinDirForTest(t)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 	"github.com/vishvananda/netns"
 )
@@ -250,19 +251,18 @@ func TestBuildRejectsUnsafeAddresses(t *testing.T) {
 
 func pingUntil(t *testing.T, p *sipoptions.Pinger, node string, within time.Duration) sipoptions.Reply {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	var last error
-	for time.Now().Before(deadline) {
+	var r sipoptions.Reply
+	waittest.Succeeds(t, within, "a 200 from "+node, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
-		r, err := p.Ping(ctx)
-		cancel()
+		defer cancel()
+		var err error
+		r, err = p.Ping(ctx)
 		if err == nil && r.Status == 200 && r.ServerNode == node {
-			return r
+			return nil
 		}
-		last = fmt.Errorf("reply %+v, err %v", r, err)
-	}
-	t.Fatalf("no 200 from %s within %v: last %v", node, within, last)
-	return sipoptions.Reply{}
+		return fmt.Errorf("last reply %+v, err %v", r, err)
+	})
+	return r
 }
 
 // TestHotStandbyFailover walks the scenario fan's e2e test and benchmark rely on: two
@@ -413,13 +413,7 @@ func TestProcStopAndLogs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(3 * time.Second)
-	for !strings.Contains(p.Tail(100), "started") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no output in %s", p.LogPath)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waittest.Until(t, 3*time.Second, "output in "+p.LogPath, func() bool { return strings.Contains(p.Tail(100), "started") })
 	pids, _ := l.PIDs("n1")
 	if len(pids) != 2 {
 		t.Fatalf("n1 pids %v, want sh and sleep", pids)

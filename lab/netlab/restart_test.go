@@ -1,44 +1,16 @@
 package netlab
 
 import (
-	"bytes"
 	"log/slog"
 	"slices"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/logtest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
-
-// logBuffer is a log sink the supervising goroutines and the test share.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-// waitUntil polls cond until it holds or within passes (netlabtest.WaitUntil,
-// which this package's own tests cannot import).
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	for deadline := time.Now().Add(within); !cond(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-	}
-}
 
 // A service killed with SIGKILL, or one that exits on its own, comes back
 // after its restart delay, as under systemd's Restart=always, and the lab's
@@ -46,7 +18,7 @@ func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool
 func TestStartServiceRestartsAfterAnExit(t *testing.T) {
 	requireRoot(t)
 	l := newLab(t, nil)
-	var logs logBuffer
+	var logs logtest.Buffer
 	l.log = slog.New(slog.NewTextHandler(&logs, nil))
 	const delay = 200 * time.Millisecond
 	// Each run writes its pid and exits 3 on SIGUSR1.
@@ -55,13 +27,13 @@ func TestStartServiceRestartsAfterAnExit(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := p.Pid()
-	waitUntil(t, 3*time.Second, "the first run's output", func() bool { return strings.Contains(p.Tail(4096), "run ") })
+	waittest.Until(t, 3*time.Second, "the first run's output", func() bool { return strings.Contains(p.Tail(4096), "run ") })
 
 	killed := time.Now()
 	if err := syscall.Kill(first, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, "the restart after SIGKILL", func() bool { return p.Restarts() == 1 && !p.Exited() })
+	waittest.Until(t, 5*time.Second, "the restart after SIGKILL", func() bool { return p.Restarts() == 1 && !p.Exited() })
 	if back := time.Since(killed); back < delay {
 		t.Errorf("restarted %v after the kill, before its restart delay %v", back, delay)
 	}
@@ -77,15 +49,15 @@ func TestStartServiceRestartsAfterAnExit(t *testing.T) {
 	}
 
 	// An exit of its own (status 3) restarts it too.
-	waitUntil(t, 3*time.Second, "the second run's output", func() bool { return strings.Count(p.Tail(4096), "run ") == 2 })
+	waittest.Until(t, 3*time.Second, "the second run's output", func() bool { return strings.Count(p.Tail(4096), "run ") == 2 })
 	if err := syscall.Kill(second, syscall.SIGUSR1); err != nil {
 		t.Fatal(err)
 	}
-	waitUntil(t, 5*time.Second, "the restart after exit status 3", func() bool { return p.Restarts() == 2 && !p.Exited() })
+	waittest.Until(t, 5*time.Second, "the restart after exit status 3", func() bool { return p.Restarts() == 2 && !p.Exited() })
 	if !strings.Contains(logs.String(), `status="exit status 3"`) {
 		t.Errorf("lab log does not give the exit status:\n%s", logs.String())
 	}
-	waitUntil(t, 3*time.Second, "the third run's output", func() bool { return strings.Count(p.Tail(4096), "run ") == 3 })
+	waittest.Until(t, 3*time.Second, "the third run's output", func() bool { return strings.Count(p.Tail(4096), "run ") == 3 })
 
 	// Stop is the lab's own stop: the service stays down.
 	if err := p.Stop(); err != nil {
@@ -109,7 +81,7 @@ func TestKillAllRestartsNothing(t *testing.T) {
 	}
 	// KillAll finds processes by namespace: wait until `ip netns exec` has
 	// entered it.
-	waitUntil(t, 3*time.Second, "the service in n1's namespace", func() bool {
+	waittest.Until(t, 3*time.Second, "the service in n1's namespace", func() bool {
 		pids, _ := l.PIDs("n1")
 		return slices.Contains(pids, p.Pid())
 	})

@@ -21,6 +21,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/prereq"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestStandInMatchesAsterisk22 makes the same call through a real
@@ -198,47 +199,40 @@ remove_existing = yes
 // waitAMI waits until a PBX's AMI takes a login.
 func waitAMI(t *testing.T, in func(func()), addr string) {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
+	start := time.Now()
+	waittest.Until(t, 30*time.Second, "AMI login at "+addr, func() bool {
 		var c net.Conn
 		var err error
 		in(func() { c, err = net.DialTimeout("tcp", addr, time.Second) })
-		if err == nil {
-			_ = c.SetDeadline(time.Now().Add(2 * time.Second))
-			fmt.Fprintf(c, "Action: Login\r\nUsername: rec\r\nSecret: change-me\r\nEvents: off\r\n\r\n")
-			buf := make([]byte, 512)
-			n, _ := c.Read(buf)
-			for !strings.Contains(string(buf[:n]), "Authentication accepted") {
-				m, err := c.Read(buf[n:])
-				if err != nil {
-					break
-				}
-				n += m
-			}
-			c.Close()
-			if strings.Contains(string(buf[:n]), "Authentication accepted") {
+		if err != nil {
+			return false
+		}
+		defer c.Close()
+		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+		fmt.Fprintf(c, "Action: Login\r\nUsername: rec\r\nSecret: change-me\r\nEvents: off\r\n\r\n")
+		buf := make([]byte, 512)
+		n, _ := c.Read(buf)
+		for !strings.Contains(string(buf[:n]), "Authentication accepted") {
+			m, err := c.Read(buf[n:])
+			if err != nil {
 				break
 			}
+			n += m
 		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	if time.Now().After(deadline) {
-		t.Fatalf("no AMI at %s", addr)
-	}
+		return strings.Contains(string(buf[:n]), "Authentication accepted")
+	})
 	// Asterisk answers AMI before its SIP stack: wait for an answer to
-	// OPTIONS (401 from Asterisk) on the floating address too.
-	for time.Now().Before(deadline) {
+	// OPTIONS (401 from Asterisk) on the floating address too, within what
+	// is left of the same 30 s.
+	waittest.Succeeds(t, 30*time.Second-time.Since(start), "SIP at 198.51.100.10:5060", func() error {
 		var err error
 		in(func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			defer cancel()
 			_, err = Ping(ctx, "OPTIONS", "198.51.100.10:5060")
 		})
-		if err == nil {
-			return
-		}
-	}
-	t.Fatal("no SIP at 198.51.100.10:5060")
+		return err
+	})
 }
 
 // authorization answers a digest challenge as a phone with the
@@ -354,7 +348,7 @@ func callScenario(t *testing.T, in func(func()), direct bool) map[string]string 
 				ok, ok && r.from.IP.String() == "198.51.100.11", ok && r.from.Port == p.port)
 		}
 	}
-	ev.waitFor(t, "BridgeEnter PJSIP/6001")
+	ev.waitEvent(t, "BridgeEnter PJSIP/6001")
 	time.Sleep(200 * time.Millisecond)
 
 	first := mustCSeq(inv.m)
@@ -424,7 +418,7 @@ func callScenario(t *testing.T, in func(func()), direct bool) map[string]string 
 	bye := b.expect("BYE", isRequest("BYE"))
 	record("BYE to the callee", bye, first)
 	b.answer(bye, 200, "OK", "", "")
-	ev.waitFor(t, "Hangup PJSIP/6001")
+	ev.waitEvent(t, "Hangup PJSIP/6001")
 	time.Sleep(200 * time.Millisecond)
 
 	names := ev.names()

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // The B2BUA against phones of the test's own (ua): each step of a call
@@ -299,18 +301,16 @@ func (a *amiEvents) names() []string {
 	return out
 }
 
-func (a *amiEvents) waitFor(t *testing.T, event string) {
+func (a *amiEvents) waitEvent(t *testing.T, event string) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		for _, n := range a.names() {
-			if strings.HasPrefix(n, event) {
-				return
-			}
+	defer func() {
+		if t.Failed() {
+			t.Logf("AMI events seen: %v", a.names())
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	t.Fatalf("no %s among %v", event, a.names())
+	}()
+	waittest.Until(t, 5*time.Second, "AMI event "+event, func() bool {
+		return slices.ContainsFunc(a.names(), func(n string) bool { return strings.HasPrefix(n, event) })
+	})
 }
 
 // getvar asks the stand-in's AMI one value.
@@ -444,7 +444,7 @@ func TestCallWithDirectMedia(t *testing.T) {
 	a.expect("the re-INVITE's ACK", isRequest("ACK"))
 	b.expect("the re-INVITE's ACK", isRequest("ACK"))
 
-	ami.waitFor(t, "BridgeEnter PJSIP/6001")
+	ami.waitEvent(t, "BridgeEnter PJSIP/6001")
 	want := []string{"Newchannel PJSIP/6001-00000000", "Newchannel PJSIP/6002-00000001", "NewCallerid PJSIP/6002-00000001",
 		"NewConnectedLine PJSIP/6002-00000001", "DialBegin PJSIP/6001-00000000", "Newstate PJSIP/6002-00000001",
 		"NewConnectedLine PJSIP/6001-00000000", "DialState PJSIP/6001-00000000 RINGING", "Newstate PJSIP/6002-00000001",
@@ -501,7 +501,7 @@ func TestCallWithDirectMedia(t *testing.T) {
 		t.Errorf("BYE %v", bye.m.headers)
 	}
 	b.answer(bye, 200, "OK", "", "")
-	ami.waitFor(t, "Hangup PJSIP/6001")
+	ami.waitEvent(t, "Hangup PJSIP/6001")
 	got := ami.names()[len(want):]
 	wantEnd := []string{"HangupRequest PJSIP/6001-00000000", "BridgeLeave PJSIP/6001-00000000", "BridgeLeave PJSIP/6002-00000001",
 		"BridgeDestroy", "SoftHangupRequest PJSIP/6001-00000000", "Hangup PJSIP/6002-00000001", "Hangup PJSIP/6001-00000000"}
@@ -653,7 +653,7 @@ func TestCancelBeforeTheAnswer(t *testing.T) {
 	if ack.m.branch() != inv.m.branch() {
 		t.Errorf("ACK of a 487 on branch %s, want the INVITE's", ack.m.branch())
 	}
-	ami.waitFor(t, "Hangup PJSIP/6002")
+	ami.waitEvent(t, "Hangup PJSIP/6002")
 	if got := strings.Join(ami.names(), "\n"); !strings.Contains(got, "DialEnd PJSIP/6001-00000000 CANCEL") {
 		t.Errorf("events:\n%s", got)
 	}
@@ -843,7 +843,7 @@ func TestAMIHangupOfCarriedCall(t *testing.T) {
 		u.answer(r, 200, "OK", "", u.sdp(2))
 		u.expect("its ACK", isRequest("ACK"))
 	}
-	ami.waitFor(t, "BridgeEnter PJSIP/6001")
+	ami.waitEvent(t, "BridgeEnter PJSIP/6001")
 	before := len(ami.names())
 
 	hangupAMI(t, p.AMIAddr(), "PJSIP/6001-00000000")
@@ -862,7 +862,7 @@ func TestAMIHangupOfCarriedCall(t *testing.T) {
 			t.Errorf("%s: a BYE answered 481 was sent again", u.user)
 		}
 	}
-	ami.waitFor(t, "Hangup PJSIP/6002")
+	ami.waitEvent(t, "Hangup PJSIP/6002")
 	want := []string{"BridgeLeave PJSIP/6001-00000000", "SoftHangupRequest PJSIP/6001-00000000", "BridgeLeave PJSIP/6002-00000001",
 		"BridgeDestroy", "Hangup PJSIP/6001-00000000", "Hangup PJSIP/6002-00000001"}
 	if got := ami.names()[before:]; strings.Join(got, "\n") != strings.Join(want, "\n") {

@@ -12,7 +12,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -193,36 +192,6 @@ func statFields(path string) []string {
 		return nil
 	}
 	return strings.Fields(string(b[i+2:]))
-}
-
-// FreePort finds a loopback port free for both TCP and UDP: Kamailio and
-// named listen on both. The port is released before it is returned, so a
-// program may still lose it to another: a caller retries a start that fails.
-func FreePort() (int, error) {
-	for range 20 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
-		l.Close()
-		if err == nil {
-			u.Close()
-			return port, nil
-		}
-	}
-	return 0, errors.New("no loopback port free for both TCP and UDP")
-}
-
-// MustFreePort is FreePort that fails the test.
-func MustFreePort(t testing.TB) int {
-	t.Helper()
-	port, err := FreePort()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return port
 }
 
 func lastLines(s string, n int) string {

@@ -12,6 +12,7 @@ import (
 	"github.com/fanpbx/fan/lab/asterisktest"
 	"github.com/fanpbx/fan/lab/phone"
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // The phone against a real Asterisk 22 (FAN_ASTERISK names the install),
@@ -62,19 +63,11 @@ func (l *asteriskLab) phoneOn(t *testing.T, user, addr string, answer bool) *pho
 // register registers p, waiting for Asterisk to start answering.
 func register(t *testing.T, p *phone.Phone) {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	waittest.Succeeds(t, 60*time.Second, "register "+p.User(), func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		err := p.Register(ctx)
-		cancel()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("register %s: %v", p.User(), err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		defer cancel()
+		return p.Register(ctx)
+	})
 }
 
 func wait(t *testing.T, p *phone.Phone, what string, within time.Duration, cond func(phone.Status) bool) phone.Status {
@@ -99,13 +92,12 @@ func eventLines(p *phone.Phone) string {
 // received waits until rx got n packets from from.
 func received(t *testing.T, rx *phone.Phone, from netip.AddrPort, n uint64) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for rx.RTP().Sources[from] < n {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s received %+v, want %d packets from %s", rx.User(), rx.RTP(), n, from)
+	waittest.Succeeds(t, 10*time.Second, fmt.Sprintf("%s receiving %d packets from %s", rx.User(), n, from), func() error {
+		if got := rx.RTP(); got.Sources[from] < n {
+			return fmt.Errorf("received %+v", got)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func ctx(t *testing.T) context.Context {

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Phones on loopback, against each other and against a scripted peer (a
@@ -177,7 +179,7 @@ func ctxFor(t *testing.T, d time.Duration) context.Context {
 	return ctx
 }
 
-func waitFor(t *testing.T, p *Phone, what string, cond func(Status) bool) Status {
+func waitStatus(t *testing.T, p *Phone, what string, cond func(Status) bool) Status {
 	t.Helper()
 	s, err := p.Wait(ctxFor(t, 5*time.Second), cond)
 	if err != nil {
@@ -197,15 +199,14 @@ func TestCallBetweenPhones(t *testing.T) {
 	if err := a.Call(ctxFor(t, 5*time.Second), "sip:6002@"+b.SIPAddr().String()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, b, "b up", state(StateUp))
+	waitStatus(t, b, "b up", state(StateUp))
 	for _, pc := range []struct{ rx, tx *Phone }{{a, b}, {b, a}} {
-		deadline := time.Now().Add(5 * time.Second)
-		for pc.rx.RTP().Sources[pc.tx.RTPAddr()] < 20 {
-			if time.Now().After(deadline) {
-				t.Fatalf("%s received %+v, want 20 packets from %s", pc.rx.User(), pc.rx.RTP(), pc.tx.RTPAddr())
+		waittest.Succeeds(t, 5*time.Second, fmt.Sprintf("%s receiving 20 packets from %s", pc.rx.User(), pc.tx.RTPAddr()), func() error {
+			if got := pc.rx.RTP(); got.Sources[pc.tx.RTPAddr()] < 20 {
+				return fmt.Errorf("received %+v", got)
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 		if st := pc.rx.RTP(); st.SequenceGaps != 0 {
 			t.Fatalf("%s: %d sequence gaps on loopback", pc.rx.User(), st.SequenceGaps)
 		}
@@ -216,7 +217,7 @@ func TestCallBetweenPhones(t *testing.T) {
 	if err := a.Hangup(ctxFor(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}
-	sb := waitFor(t, b, "b ended", state(StateEnded))
+	sb := waitStatus(t, b, "b ended", state(StateEnded))
 	if sb.Reason != ReasonByeReceived {
 		t.Fatalf("b: %q, want %q", sb.Reason, ReasonByeReceived)
 	}
@@ -328,7 +329,7 @@ func TestPBXMovesTheMedia(t *testing.T) {
 	ph := newPhone(t, Config{User: "6002", AutoAnswer: true})
 	first, second, third := newRTPSink(t), newRTPSink(t), newRTPSink(t)
 	ok := answerCall(t, pbx, ph, first.addr)
-	waitFor(t, ph, "up", state(StateUp))
+	waitStatus(t, ph, "up", state(StateUp))
 	p1 := first.read(t, 10, 2*time.Second)
 	checkStream(t, p1, ph.RTPAddr())
 	if !p1[0].marker {
@@ -375,7 +376,7 @@ func TestPBXMovesTheMedia(t *testing.T) {
 
 	pbx.send(inDialog(pbx, ok, "BYE", 104), ph.SIPAddr())
 	pbx.recv(2*time.Second, isResponse(200, "BYE"))
-	if s := waitFor(t, ph, "ended", state(StateEnded)); s.Reason != ReasonByeReceived {
+	if s := waitStatus(t, ph, "ended", state(StateEnded)); s.Reason != ReasonByeReceived {
 		t.Fatalf("ended: %q", s.Reason)
 	}
 }
@@ -386,7 +387,7 @@ func TestUnknownDialog481(t *testing.T) {
 	pbx := newPeer(t)
 	ph := newPhone(t, Config{User: "6002", AutoAnswer: true})
 	ok := answerCall(t, pbx, ph, newRTPSink(t).addr)
-	waitFor(t, ph, "up", state(StateUp))
+	waitStatus(t, ph, "up", state(StateUp))
 	for i, mutate := range []func(*message){
 		func(m *message) { m.set("call-id", "other@x") },
 		func(m *message) { m.set("from", `<sip:6001@127.0.0.1>;tag=not-the-pbx`) },
@@ -422,11 +423,11 @@ func TestSourceAddress(t *testing.T) {
 			pbx, other := newPeer(t), newPeer(t)
 			ph := newPhone(t, Config{User: "6002", AutoAnswer: true, StrictSource: strict, Server: pbx.addr})
 			ok := answerCall(t, pbx, ph, newRTPSink(t).addr)
-			waitFor(t, ph, "up", state(StateUp))
+			waitStatus(t, ph, "up", state(StateUp))
 			other.send(inDialog(pbx, ok, "BYE", 101), ph.SIPAddr())
 			if !strict {
 				other.recv(2*time.Second, isResponse(200, "BYE"))
-				if s := waitFor(t, ph, "ended", state(StateEnded)); s.Reason != ReasonByeReceived {
+				if s := waitStatus(t, ph, "ended", state(StateEnded)); s.Reason != ReasonByeReceived {
 					t.Fatalf("ended: %q", s.Reason)
 				}
 				return
@@ -437,7 +438,7 @@ func TestSourceAddress(t *testing.T) {
 			}
 			pbx.send(inDialog(pbx, ok, "BYE", 102), ph.SIPAddr())
 			pbx.recv(2*time.Second, isResponse(200, "BYE"))
-			waitFor(t, ph, "ended", state(StateEnded))
+			waitStatus(t, ph, "ended", state(StateEnded))
 		})
 	}
 }
@@ -557,7 +558,7 @@ func TestRetransmissions(t *testing.T) {
 		t.Fatal("BYE retransmission is another request")
 	}
 	pbx.send(response(b2, 200, "OK", ""), from)
-	waitFor(t, ph2, "hangup answered", func(s Status) bool { return strings.HasSuffix(s.Reason, "BYE answered 200 OK") })
+	waitStatus(t, ph2, "hangup answered", func(s Status) bool { return strings.HasSuffix(s.Reason, "BYE answered 200 OK") })
 }
 
 // TestBusy: a phone with a call up answers another INVITE 486.
@@ -565,7 +566,7 @@ func TestBusy(t *testing.T) {
 	pbx := newPeer(t)
 	ph := newPhone(t, Config{User: "6002", AutoAnswer: true})
 	answerCall(t, pbx, ph, newRTPSink(t).addr)
-	waitFor(t, ph, "up", state(StateUp))
+	waitStatus(t, ph, "up", state(StateUp))
 	pbx.send(invite(pbx, ph, newRTPSink(t).addr), ph.SIPAddr())
 	busy, from := pbx.recv(2*time.Second, isResponse(486, "INVITE"))
 	// Sent again until acknowledged (Timer G).
@@ -616,20 +617,20 @@ func TestCancelAndDecline(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- a.Call(ctx, "sip:6002@"+b.SIPAddr().String()) }()
-	waitFor(t, b, "ringing", state(StateRinging))
+	waitStatus(t, b, "ringing", state(StateRinging))
 	cancel()
 	if err := <-done; err == nil {
 		t.Fatal("a cancelled call returned no error")
 	}
-	if s := waitFor(t, b, "b cancelled", state(StateEnded)); s.Reason != ReasonCancelled {
+	if s := waitStatus(t, b, "b cancelled", state(StateEnded)); s.Reason != ReasonCancelled {
 		t.Fatalf("b: %+v", s)
 	}
-	if s := waitFor(t, a, "a cancelled", state(StateEnded)); s.Reason != ReasonCancelled {
+	if s := waitStatus(t, a, "a cancelled", state(StateEnded)); s.Reason != ReasonCancelled {
 		t.Fatalf("a: %+v", s)
 	}
 
 	go func() { done <- a.Call(ctxFor(t, 5*time.Second), "sip:6002@"+b.SIPAddr().String()) }()
-	waitFor(t, b, "ringing again", state(StateRinging))
+	waitStatus(t, b, "ringing again", state(StateRinging))
 	if err := b.Hangup(ctxFor(t, 5*time.Second)); err != nil {
 		t.Fatal(err)
 	}

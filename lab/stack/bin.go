@@ -17,7 +17,7 @@ func BinDirForTest(t testing.TB) string {
 	t.Helper()
 	dir := os.Getenv("FAN_BIN")
 	if dir == "" {
-		SkipOrFail(t, "FAN_BIN is not set (make test builds the binaries and sets it)")
+		prereq.SkipOrFail(t, "FAN_BIN is not set (make test builds the binaries and sets it)")
 	}
 	for _, b := range Binaries {
 		if _, err := os.Stat(filepath.Join(dir, b)); err != nil {
@@ -27,20 +27,13 @@ func BinDirForTest(t testing.TB) string {
 	return dir
 }
 
-// SkipOrFail skips a test whose prerequisites are missing, except under CI
-// (prereq.SkipOrFail).
-func SkipOrFail(t testing.TB, why string) {
-	t.Helper()
-	prereq.SkipOrFail(t, why)
-}
-
 // RequireLab checks what the namespace lab needs: root and Kamailio.
 func RequireLab(t testing.TB) {
 	t.Helper()
 	if os.Geteuid() != 0 {
-		SkipOrFail(t, fmt.Sprintf("needs root for network namespaces (euid %d)", os.Geteuid()))
+		prereq.SkipOrFail(t, fmt.Sprintf("needs root for network namespaces (euid %d)", os.Geteuid()))
 	}
 	if _, err := execLookPath("kamailio"); err != nil {
-		SkipOrFail(t, "kamailio is not installed (apt-get install kamailio)")
+		prereq.SkipOrFail(t, "kamailio is not installed (apt-get install kamailio)")
 	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/amipeer"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 const (
@@ -637,18 +638,13 @@ func TestNoGoroutineLeaks(t *testing.T) {
 		t.Errorf("Action after Session.Close: %v", err)
 	}
 
-	deadline := time.Now().Add(3 * time.Second)
-	for {
-		l := leaked()
-		if len(l) == 0 {
-			return
+	// Goroutines end asynchronously.
+	waittest.Succeeds(t, 3*time.Second, "the client's goroutines ended", func() error {
+		if l := leaked(); len(l) > 0 {
+			return fmt.Errorf("%d goroutines left:\n%s", len(l), strings.Join(l, "\n\n"))
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d goroutines left:\n%s", len(l), strings.Join(l, "\n\n"))
-		}
-		runtime.Gosched()
-		time.Sleep(10 * time.Millisecond) // polling a condition; goroutines end asynchronously
-	}
+		return nil
+	})
 }
 
 // The bytes on the wire for an action: Action, ActionID, the fields in

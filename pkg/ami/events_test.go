@@ -6,6 +6,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/amipeer"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 func contactStatus(uri, status string) []amipeer.Field {
@@ -49,13 +50,7 @@ func nextContactStatus(t *testing.T, s *Session) Event {
 // session's connection may still be logging in when the test emits).
 func emitWhenLoggedIn(t *testing.T, p *amipeer.Peer, fields []amipeer.Field) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for p.Emit(fields...) == 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("no session takes events")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	waittest.Until(t, 5*time.Second, "a session taking events", func() bool { return p.Emit(fields...) > 0 })
 }
 
 // A following session connects by itself, asks for system events and the

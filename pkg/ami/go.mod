@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/fanpbx/fan/lab v0.0.0
 	github.com/fanpbx/fan/pkg/events v0.0.0
+	github.com/fanpbx/fan/pkg/platform v0.0.0
 	github.com/staskobzar/goami2 v1.7.6
 )
 
@@ -16,3 +17,5 @@ replace (
 )
 
 replace github.com/fanpbx/fan/pkg/sipoptions => ../sipoptions
+
+replace github.com/fanpbx/fan/pkg/platform => ../platform

@@ -273,191 +273,240 @@ func auditProtected() []string {
 
 // Permissions returns what the identity may do on the bus.
 func (id Identity) Permissions() (Permissions, error) {
-	if err := ValidToken("cluster", id.Cluster); err != nil {
+	executes, err := id.validate()
+	if err != nil {
 		return Permissions{}, err
+	}
+	g := &grants{id: id, cl: id.Cluster, executes: executes}
+	g.replies()
+	g.events()
+	g.service()
+	g.calls()
+	g.role()
+	// Nobody but the admin calls the JetStream API beyond the above; the
+	// audit stream's protection is also stated as a deny for every role,
+	// so that a mistake in an allow list cannot open it.
+	if id.Role != RoleAdmin {
+		g.p.Publish.Deny = append(g.p.Publish.Deny, auditProtected()...)
+	}
+	g.p.Publish.Allow = dedupe(g.p.Publish.Allow)
+	g.p.Subscribe.Allow = dedupe(g.p.Subscribe.Allow)
+	return g.p, nil
+}
+
+// validate checks the identity's names and role, and returns the nodes it
+// executes for: an ipmover's own node when it names none.
+func (id Identity) validate() (executes []string, err error) {
+	if err := ValidToken("cluster", id.Cluster); err != nil {
+		return nil, err
 	}
 	if err := ValidToken("name", id.Name); err != nil {
-		return Permissions{}, err
+		return nil, err
 	}
 	if !slices.Contains(Roles(), id.Role) {
-		return Permissions{}, fmt.Errorf("%w: role %q", ErrInvalidField, id.Role)
+		return nil, fmt.Errorf("%w: role %q", ErrInvalidField, id.Role)
 	}
-	executes := id.Executes
+	executes = id.Executes
 	if len(executes) == 0 && id.Role == RoleIPMover {
 		executes = []string{id.Name}
 	}
 	for _, n := range append(slices.Clone(executes), id.Relays...) {
 		if err := ValidToken("node", n); err != nil {
-			return Permissions{}, err
+			return nil, err
 		}
 	}
-	cl := id.Cluster
-	var p Permissions
-	pub := func(s ...string) { p.Publish.Allow = append(p.Publish.Allow, s...) }
-	sub := func(s ...string) { p.Subscribe.Allow = append(p.Subscribe.Allow, s...) }
+	return executes, nil
+}
 
-	// Replies: JetStream acks, consumer deliveries and request replies.
-	if id.PublicKey != "" {
-		sub(InboxPrefix(id.PublicKey) + ".>")
+// grants gathers one identity's permissions, in the order they are granted.
+type grants struct {
+	id       Identity
+	cl       string
+	executes []string
+	p        Permissions
+}
+
+func (g *grants) pub(s ...string) { g.p.Publish.Allow = append(g.p.Publish.Allow, s...) }
+func (g *grants) sub(s ...string) { g.p.Subscribe.Allow = append(g.p.Subscribe.Allow, s...) }
+
+// replies: JetStream acks, consumer deliveries and request replies.
+func (g *grants) replies() {
+	if g.id.PublicKey != "" {
+		g.sub(InboxPrefix(g.id.PublicKey) + ".>")
 	} else {
-		sub("_INBOX.>")
+		g.sub("_INBOX.>")
 	}
+}
 
-	// Events this role publishes, from the table.
+// events are the events this role publishes, from the table.
+func (g *grants) events() {
 	for _, t := range slices.Sorted(slices.Values(Types())) {
 		for _, pb := range publishers[t] {
-			if pb.role != id.Role {
+			if pb.role != g.id.Role {
 				continue
 			}
 			switch pb.scope {
 			case scopeOwnNode:
-				pub(pb.subject(cl, id.Name))
+				g.pub(pb.subject(g.cl, g.id.Name))
 			case scopeExecuted:
-				for _, n := range executes {
-					pub(pb.subject(cl, n))
+				for _, n := range g.executes {
+					g.pub(pb.subject(g.cl, n))
 				}
 			case scopeRelayed:
-				for _, n := range id.Relays {
-					pub(pb.subject(cl, n))
+				for _, n := range g.id.Relays {
+					g.pub(pb.subject(g.cl, n))
 				}
 			case scopeCluster:
-				pub(pb.subject(cl, "*"))
+				g.pub(pb.subject(g.cl, "*"))
 			}
 		}
 	}
+}
 
-	isService := slices.Contains(Services, id.Role)
-	if isService {
-		pub(AnnounceSubject(cl, string(id.Role), id.Name))
-		// The status endpoint (NATS micro) and its discovery subjects;
-		// answers go out through AllowResponses.
-		sub(ServiceStatusSubject(cl, string(id.Role), id.Name), "$SRV.>")
-		p.AllowResponses = true
-		// Every service opens the streams and the buckets at start to
-		// check they exist (creating them is the admin's job); the info
-		// of a bucket holds no record.
-		pub(jsAPI+".INFO",
-			jsAPI+".STREAM.INFO."+EventsStream,
-			jsAPI+".STREAM.INFO."+LiveStream,
-			jsAPI+".STREAM.INFO."+CommandsStream,
-			jsAPI+".STREAM.INFO."+kvStream(StateBucket),
-			jsAPI+".STREAM.INFO."+kvStream(CallsBucket))
+// service is what every fan daemon needs: its announcements, its status
+// endpoint, and a look at the streams and buckets.
+func (g *grants) service() {
+	if !slices.Contains(Services, g.id.Role) {
+		return
 	}
-	// Call records (calls.go): a node's replicator writes and deletes its
-	// node's calls keys, and reads them back to reconcile them with
-	// Asterisk; it also reads the kept records of its cluster, to learn
-	// when a call its Asterisk still has after a planned move has ended at
-	// the node that kept it. A node's ipmover writes and deletes its node's
-	// kept keys and reads every record of the cluster, to adopt; the
-	// arbiter and the people read them all. Nobody else touches them.
-	switch id.Role {
+	g.pub(AnnounceSubject(g.cl, string(g.id.Role), g.id.Name))
+	// The status endpoint (NATS micro) and its discovery subjects;
+	// answers go out through AllowResponses.
+	g.sub(ServiceStatusSubject(g.cl, string(g.id.Role), g.id.Name), "$SRV.>")
+	g.p.AllowResponses = true
+	// Every service opens the streams and the buckets at start to
+	// check they exist (creating them is the admin's job); the info
+	// of a bucket holds no record.
+	g.pub(jsAPI+".INFO",
+		jsAPI+".STREAM.INFO."+EventsStream,
+		jsAPI+".STREAM.INFO."+LiveStream,
+		jsAPI+".STREAM.INFO."+CommandsStream,
+		jsAPI+".STREAM.INFO."+kvStream(StateBucket),
+		jsAPI+".STREAM.INFO."+kvStream(CallsBucket))
+}
+
+// calls are the call records (calls.go): a node's replicator writes and
+// deletes its node's calls keys, and reads them back to reconcile them
+// with Asterisk; it also reads the kept records of its cluster, to learn
+// when a call its Asterisk still has after a planned move has ended at the
+// node that kept it. A node's ipmover writes and deletes its node's kept
+// keys and reads every record of the cluster, to adopt; the arbiter and
+// the people read them all. Nobody else touches them.
+func (g *grants) calls() {
+	cl, name := g.cl, g.id.Name
+	switch g.id.Role {
 	case RoleReplicator:
-		pub(KVSubject(CallsBucket, NodeCallKeys(cl, id.Name)))
-		pub(kvRead(CallsBucket, NodeCallKeys(cl, id.Name))...)
-		pub(kvRead(CallsBucket, ClusterKeptKeys(cl))...)
+		g.pub(KVSubject(CallsBucket, NodeCallKeys(cl, name)))
+		g.pub(kvRead(CallsBucket, NodeCallKeys(cl, name))...)
+		g.pub(kvRead(CallsBucket, ClusterKeptKeys(cl))...)
 	case RoleIPMover:
-		pub(KVSubject(CallsBucket, NodeKeptKeys(cl, id.Name)))
-		pub(callsRead(cl)...)
+		g.pub(KVSubject(CallsBucket, NodeKeptKeys(cl, name)))
+		g.pub(callsRead(cl)...)
 	case RoleArbiter, RoleOperator, RoleAuditor, RoleViewer:
-		pub(callsRead(cl)...)
+		g.pub(callsRead(cl)...)
 	}
+}
 
-	switch id.Role {
+// role is what only this role does.
+func (g *grants) role() {
+	cl, name := g.cl, g.id.Name
+	switch g.id.Role {
 	case RoleProber:
-		pub(BeaconSubject(cl, id.Name))
+		g.pub(BeaconSubject(cl, name))
 	case RoleArbiter:
-		pub(LeaseSubject(cl, "*"), ArbiterPresenceSubject(cl, id.Name))
-		sub(AllOperatorRequests(cl), AllBeacons(cl), AllArbiterPresence(cl))
-		pub(streamRead(EventsStream)...)
-		// Heartbeats (presence, level-triggered check states, the
-		// registry, dispatcher weights) are in the live stream.
-		pub(streamRead(LiveStream)...)
-		pub(streamRead(kvStream(StateBucket))...)
-		// The lease and outstanding claims are read back from the command
-		// stream by message (no consumer).
-		pub(JSStreamMsgGetSubject(CommandsStream),
-			jsAPI+".DIRECT.GET."+CommandsStream,
-			jsAPI+".DIRECT.GET."+CommandsStream+".>")
-		// A leader that cannot command releases the lease by deleting its
-		// term's lease messages (no more power than commanding itself).
-		pub(jsAPI + ".STREAM.MSG.DELETE." + CommandsStream)
-		pub(KVSubject(StateBucket, ArbiterStateKey(cl)),
-			KVSubject(StateBucket, AllGroupStatusKeys(cl)),
-			KVSubject(StateBucket, AllRegistryKeys(cl)),
-			// The leaders hold: operators ask the arbiter leader, which
-			// checks and records the request before it writes the hold.
-			KVSubject(StateBucket, LeadersHoldKey(cl)))
-		// Leader step-downs of fan's streams and consumers (the meta
-		// leader's needs the system account, a separate identity).
-		// The steward lists the durable consumers to find their leaders
-		// and hears elections from the advisories.
-		for _, s := range LedStreams() {
-			pub(JSStreamLeaderStepDownSubject(s), JSConsumerLeaderStepDownSubject(s, "*"),
-				jsAPI+".STREAM.INFO."+s, jsAPI+".CONSUMER.LIST."+s, jsAPI+".CONSUMER.INFO."+s+".*")
-			sub(JSStreamLeaderElectedAdvisory(s), JSConsumerLeaderElectedAdvisory(s, "*"))
-		}
+		g.arbiter()
 	case RoleIPMover:
-		pub(streamRead(EventsStream)...)
-		pub(streamRead(kvStream(StateBucket))...)
+		g.pub(streamRead(EventsStream)...)
+		g.pub(streamRead(kvStream(StateBucket))...)
 		// Executors read the arbiter lease's records by sequence and the
 		// last one, to accept only epochs that are lease terms.
-		pub(JSStreamMsgGetSubject(CommandsStream),
+		g.pub(JSStreamMsgGetSubject(CommandsStream),
 			jsAPI+".DIRECT.GET."+CommandsStream,
 			jsAPI+".DIRECT.GET."+CommandsStream+"."+LeaseSubject(cl, ArbiterLease))
-		for _, n := range executes {
-			pub(executorConsumer(cl, n)...)
+		for _, n := range g.executes {
+			g.pub(executorConsumer(cl, n)...)
 		}
 	case RoleReplicator:
-		pub(streamRead(EventsStream)...)
-		pub(streamRead(kvStream(StateBucket))...)
-		pub(objectStoreUse(ReplBlobBucket)...)
-		pub(objectStoreUse(ReplManifestBucket)...)
-		// Direct transfer: it answers on its own node's content subject
-		// (through AllowResponses) and asks any peer of the cluster, which
-		// can read the same contents from the blob bucket anyway.
-		sub(ContentSubject(cl, id.Name))
-		pub(ContentSubject(cl, "*"))
-		// AstDB changes as they happen (astdb.go): each publishes its own
-		// node's and hears every node's; reconciles are asked of any node
-		// and answered on its own subject.
-		pub(AstDBDeltaSubject(cl, id.Name), AstDBResyncSubject(cl, "*"))
-		sub(AllAstDBDeltas(cl), AstDBResyncSubject(cl, id.Name))
+		g.replicator()
 	case RoleScheduler:
-		pub(streamRead(EventsStream)...)
-		pub(streamRead(kvStream(StateBucket))...)
-		pub(KVSubject(StateBucket, ScheduleKey(cl)))
+		g.pub(streamRead(EventsStream)...)
+		g.pub(streamRead(kvStream(StateBucket))...)
+		g.pub(KVSubject(StateBucket, ScheduleKey(cl)))
 	case RoleOperator, RoleAuditor:
-		pub(jsAPI + ".INFO")
-		pub(streamRead(EventsStream)...)
-		pub(streamRead(LiveStream)...)
-		pub(streamRead(kvStream(StateBucket))...)
-		pub(jsAPI+".STREAM.INFO."+CommandsStream, jsAPI+".STREAM.LIST", jsAPI+".STREAM.NAMES")
-		pub(ServiceStatusSubject(cl, "*", "*"), "$SRV.>")
-		if id.Role == RoleOperator {
+		g.pub(jsAPI + ".INFO")
+		g.pub(streamRead(EventsStream)...)
+		g.pub(streamRead(LiveStream)...)
+		g.pub(streamRead(kvStream(StateBucket))...)
+		g.pub(jsAPI+".STREAM.INFO."+CommandsStream, jsAPI+".STREAM.LIST", jsAPI+".STREAM.NAMES")
+		g.pub(ServiceStatusSubject(cl, "*", "*"), "$SRV.>")
+		if g.id.Role == RoleOperator {
 			// Only the operator's own subject: the arbiter records who
 			// asked from it.
-			pub(OperatorRequestSubject(cl, id.Name))
+			g.pub(OperatorRequestSubject(cl, name))
 		}
 	case RoleViewer:
 		// The timeline and explanations (consumers on the audit and live
 		// streams), each node's last heartbeat (a direct get) and the
 		// status records and plans (the bucket's stream).
-		pub(streamRead(EventsStream)...)
-		pub(streamRead(LiveStream)...)
-		pub(streamRead(kvStream(StateBucket))...)
+		g.pub(streamRead(EventsStream)...)
+		g.pub(streamRead(LiveStream)...)
+		g.pub(streamRead(kvStream(StateBucket))...)
 	case RoleAdmin:
-		pub(jsAPI+".>", "$KV.>", "$O.>", jsFC+".>", JSSnapshotSubjects)
-		p.Publish.Deny = append(p.Publish.Deny, auditProtected()...)
+		g.pub(jsAPI+".>", "$KV.>", "$O.>", jsFC+".>", JSSnapshotSubjects)
+		g.p.Publish.Deny = append(g.p.Publish.Deny, auditProtected()...)
 	}
-	// Nobody but the admin calls the JetStream API beyond the above; the
-	// audit stream's protection is also stated as a deny for every role,
-	// so that a mistake in an allow list cannot open it.
-	if id.Role != RoleAdmin {
-		p.Publish.Deny = append(p.Publish.Deny, auditProtected()...)
+}
+
+func (g *grants) arbiter() {
+	cl := g.cl
+	g.pub(LeaseSubject(cl, "*"), ArbiterPresenceSubject(cl, g.id.Name))
+	g.sub(AllOperatorRequests(cl), AllBeacons(cl), AllArbiterPresence(cl))
+	g.pub(streamRead(EventsStream)...)
+	// Heartbeats (presence, level-triggered check states, the
+	// registry, dispatcher weights) are in the live stream.
+	g.pub(streamRead(LiveStream)...)
+	g.pub(streamRead(kvStream(StateBucket))...)
+	// The lease and outstanding claims are read back from the command
+	// stream by message (no consumer).
+	g.pub(JSStreamMsgGetSubject(CommandsStream),
+		jsAPI+".DIRECT.GET."+CommandsStream,
+		jsAPI+".DIRECT.GET."+CommandsStream+".>")
+	// A leader that cannot command releases the lease by deleting its
+	// term's lease messages (no more power than commanding itself).
+	g.pub(jsAPI + ".STREAM.MSG.DELETE." + CommandsStream)
+	g.pub(KVSubject(StateBucket, ArbiterStateKey(cl)),
+		KVSubject(StateBucket, AllGroupStatusKeys(cl)),
+		KVSubject(StateBucket, AllRegistryKeys(cl)),
+		// The leaders hold: operators ask the arbiter leader, which
+		// checks and records the request before it writes the hold.
+		KVSubject(StateBucket, LeadersHoldKey(cl)))
+	// Leader step-downs of fan's streams and consumers (the meta
+	// leader's needs the system account, a separate identity).
+	// The steward lists the durable consumers to find their leaders
+	// and hears elections from the advisories.
+	for _, s := range LedStreams() {
+		g.pub(JSStreamLeaderStepDownSubject(s), JSConsumerLeaderStepDownSubject(s, "*"),
+			jsAPI+".STREAM.INFO."+s, jsAPI+".CONSUMER.LIST."+s, jsAPI+".CONSUMER.INFO."+s+".*")
+		g.sub(JSStreamLeaderElectedAdvisory(s), JSConsumerLeaderElectedAdvisory(s, "*"))
 	}
-	p.Publish.Allow = dedupe(p.Publish.Allow)
-	p.Subscribe.Allow = dedupe(p.Subscribe.Allow)
-	return p, nil
+}
+
+func (g *grants) replicator() {
+	cl, name := g.cl, g.id.Name
+	g.pub(streamRead(EventsStream)...)
+	g.pub(streamRead(kvStream(StateBucket))...)
+	g.pub(objectStoreUse(ReplBlobBucket)...)
+	g.pub(objectStoreUse(ReplManifestBucket)...)
+	// Direct transfer: it answers on its own node's content subject
+	// (through AllowResponses) and asks any peer of the cluster, which
+	// can read the same contents from the blob bucket anyway.
+	g.sub(ContentSubject(cl, name))
+	g.pub(ContentSubject(cl, "*"))
+	// AstDB changes as they happen (astdb.go): each publishes its own
+	// node's and hears every node's; reconciles are asked of any node
+	// and answered on its own subject.
+	g.pub(AstDBDeltaSubject(cl, name), AstDBResyncSubject(cl, "*"))
+	g.sub(AllAstDBDeltas(cl), AstDBResyncSubject(cl, name))
 }
 
 func dedupe(s []string) []string {

@@ -263,7 +263,14 @@ func TestPingerReusesSocketConcurrently(t *testing.T) {
 }
 
 func TestPingerClose(t *testing.T) {
-	r := newResponder(t, func(*message, string) [][]byte { return nil })
+	asked := make(chan struct{}, 1)
+	r := newResponder(t, func(*message, string) [][]byte {
+		select {
+		case asked <- struct{}{}:
+		default:
+		}
+		return nil
+	})
 	p, err := NewPinger(r.addr())
 	if err != nil {
 		t.Fatal(err)
@@ -273,7 +280,12 @@ func TestPingerClose(t *testing.T) {
 		_, err := p.Ping(context.Background())
 		errc <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	// Closed while the ping waits for its answer.
+	select {
+	case <-asked:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the ping's request never arrived")
+	}
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}

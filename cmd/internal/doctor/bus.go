@@ -67,10 +67,6 @@ func (r *run) checkBus(ctx context.Context) busFacts {
 	facts := busFacts{servers: map[string]string{}}
 	var ids []identity
 	for _, s := range r.files.services() {
-		if s.c.Bus.Embedded != nil {
-			r.out.addf(Skipped, "bus.connect", s.name+".yaml", "", "bus.embedded: the service runs its own server in-process; nothing to reach")
-			continue
-		}
 		if s.c.Bus.URL == "" {
 			r.out.addf(Error, "bus.connect", s.name+".yaml", "paste bus: from this host's bundle (<svc>-bus.yaml; deploy/systemd/README.md)", "no bus.url")
 			continue

@@ -107,7 +107,8 @@ func TestUnreadableFileNamesItAndTheCheck(t *testing.T) {
 // The clock's verdict comes from the kernel through a seam: it cannot be
 // put out of step in a test (it is the machine's).
 func TestClockThroughItsSeam(t *testing.T) {
-	dir := write(t, map[string]string{"scheduler.yaml": "cluster: c\nnode: ctl\nbus:\n  embedded: {store_dir: /nonexistent}\n"})
+	// A bus that refuses at once: the clock is checked whatever the bus says.
+	dir := write(t, map[string]string{"scheduler.yaml": "cluster: c\nnode: ctl\nbus:\n  url: nats://127.0.0.1:1\n"})
 	for _, tc := range []struct {
 		state ClockState
 		err   error

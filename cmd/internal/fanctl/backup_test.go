@@ -17,6 +17,7 @@ import (
 	"github.com/fanpbx/fan/cmd/internal/fanctl"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nkeys"
@@ -160,18 +161,16 @@ func TestBackupAndRestoreKeepTheTrail(t *testing.T) {
 	}
 	records := holds + 2 + commands
 	// Copied, and past their deadline: a restore must not drop them.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+	waittest.Succeeds(t, 10*time.Second, fmt.Sprintf("%d records in the audit stream", records), func() error {
 		st, err := aw.JS.Stream(ctx, bus.EventsStream)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if st.CachedInfo().State.Msgs == uint64(records) {
-			break
+		if n := st.CachedInfo().State.Msgs; n != uint64(records) {
+			return fmt.Errorf("the audit stream holds %d", n)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the audit stream holds %d records, want %d", st.CachedInfo().State.Msgs, records)
-		}
-	}
+		return nil
+	})
 	time.Sleep(1100 * time.Millisecond)
 	w.Close()
 	aw.Close()

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -12,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestStatusWarnsOfWhatEndsCarriedCalls: the holder's replicator says in
@@ -118,18 +120,14 @@ func TestExplainAFailoverSaysWhatBecameOfTheCalls(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	deadline := time.Now().Add(5 * time.Second)
-	for {
+	waittest.Succeeds(t, 5*time.Second, "explain showing calls.adopted", func() error {
 		out.Reset()
 		code := fanctl.Main([]string{"--url", s.ClientURL(), "--cluster", "lab", "explain", dec.ID}, &out, &errb, "t")
-		if code == 0 && strings.Contains(out.String(), "calls.adopted") {
-			break
+		if code != 0 || !strings.Contains(out.String(), "calls.adopted") {
+			return fmt.Errorf("exit %d: %s\n%s", code, errb.String(), out.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	want := []string{"FAILOVER n1->n2", "health.transition", "probe", "calls.summary replicator@n1 n1 (holder of pbx): 3 calls up, 2 carriable, 1 anchored",
 		"what followed", "  => ", "  => ", "calls: 3 calls up on n1"}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/cmd/internal/fanctl"
+	"github.com/fanpbx/fan/lab/prereq"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 )
@@ -144,7 +145,7 @@ func TestBashCompletion(t *testing.T) {
 func TestZshCompletion(t *testing.T) {
 	zsh, err := exec.LookPath("zsh")
 	if err != nil {
-		skipOrFail(t, "zsh not installed (Debian package zsh)")
+		prereq.SkipOrFail(t, "zsh not installed (Debian package zsh)")
 	}
 	bin := buildFanctl(t)
 	dir, url := completionFixture(t)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestExplainWalksBackToTheProbes builds the chain an auditor follows:
@@ -50,20 +52,16 @@ func TestExplainWalksBackToTheProbes(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The command's copy reaches the audit stream through its source: wait for it.
-	deadline := time.Now().Add(5 * time.Second)
 	var out, errb bytes.Buffer
-	for {
+	waittest.Succeeds(t, 5*time.Second, "explain showing the FAILOVER", func() error {
 		out.Reset()
 		errb.Reset()
 		code := fanctl.Main([]string{"--url", s.ClientURL(), "--cluster", "lab", "explain", res.ID}, &out, &errb, "t")
-		if code == 0 && strings.Contains(out.String(), "FAILOVER") {
-			break
+		if code != 0 || !strings.Contains(out.String(), "FAILOVER") {
+			return fmt.Errorf("exit %d: %s\n%s", code, errb.String(), out.String())
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("exit %d: %s\n%s", code, errb.String(), out.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
 	want := []struct {
 		indent int

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/cmd/internal/fanctl"
+	"github.com/fanpbx/fan/lab/prereq"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
@@ -314,7 +315,7 @@ func TestCompletion(t *testing.T) {
 	}
 	zsh, err := exec.LookPath("zsh")
 	if err != nil {
-		skipOrFail(t, "zsh not installed (Debian package zsh)")
+		prereq.SkipOrFail(t, "zsh not installed (Debian package zsh)")
 	}
 	zpath := filepath.Join(dir, "_fanctl")
 	if err := os.WriteFile(zpath, []byte(script), 0o600); err != nil {
@@ -346,16 +347,6 @@ func mustJSON(t *testing.T, v any) []byte {
 		t.Fatal(err)
 	}
 	return b
-}
-
-// skipOrFail skips a test whose Debian package is missing, except under CI
-// (make deps installs it there).
-func skipOrFail(t *testing.T, why string) {
-	t.Helper()
-	if os.Getenv("CI") != "" {
-		t.Fatalf("prerequisite missing under CI: %s", why)
-	}
-	t.Skip(why)
 }
 
 // emitDown stores n1's pbx check going down, with its probe evidence.

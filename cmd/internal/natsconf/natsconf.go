@@ -1,5 +1,5 @@
 // Package natsconf reads fan-nats's settings: a YAML file (-config) with
-// the keys of bus.embedded, and command-line flags that override the keys
+// the keys of natsserver.Config, and command-line flags that override the keys
 // they name. A flag not given leaves the file's value alone, so a unit file
 // can pass -config and still change one setting for a run. -check-config
 // checks all of it, and the nats-server configuration file it names, as
@@ -14,9 +14,9 @@ import (
 	"os"
 	"strings"
 
-	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/natsserver"
 )
 
 // Defaults of the keys neither the file nor a flag sets.
@@ -34,7 +34,7 @@ var ErrVersion = errors.New("version requested")
 
 // Settings are what fan-nats's command line asks for.
 type Settings struct {
-	Embedded bus.Embedded
+	Server natsserver.Config
 	// Check is -check-config: check everything, start nothing.
 	Check bool
 	// ConfigPath is the -config file ("" when there is none).
@@ -43,13 +43,13 @@ type Settings struct {
 
 // Parse reads args (without the program name) and the -config file they
 // name, if any, into the server's settings, validated.
-func Parse(args []string, stderr io.Writer) (bus.Embedded, error) {
+func Parse(args []string, stderr io.Writer) (natsserver.Config, error) {
 	s, _, err := load(args, stderr, false)
-	return s.Embedded, err
+	return s.Server, err
 }
 
 // Load is Parse, then the checks of what the settings name on this host
-// (bus.Embedded.CheckHost: the addresses to listen on, the store, the
+// (natsserver.Config.CheckHost: the addresses to listen on, the store, the
 // nats-server configuration file read by nats-server's own parser, and
 // the certificates and keys its tls blocks name). It is what -check-config
 // reports and what fan-nats starts with. err lists every error, each placed
@@ -69,7 +69,7 @@ var flagKeys = map[string]string{
 func load(args []string, stderr io.Writer, host bool) (Settings, []string, error) {
 	fs := flag.NewFlagSet("fan-nats", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	cfgPath := fs.String("config", "", "YAML file with the keys of bus.embedded (store_dir, listen, server_name, tags, cluster: {name, listen, routes}, server_config, insecure_lab); flags given override it")
+	cfgPath := fs.String("config", "", "YAML file with the server's keys (store_dir, listen, server_name, tags, cluster: {name, listen, routes}, server_config, insecure_lab); flags given override it")
 	listen := fs.String("listen", DefaultListen, "client address (host:port)")
 	store := fs.String("store", DefaultStore, "JetStream store directory")
 	name := fs.String("name", DefaultName, "server name (unique in a cluster)")
@@ -94,7 +94,7 @@ func load(args []string, stderr io.Writer, host bool) (Settings, []string, error
 		return Settings{}, nil, ErrUsage
 	}
 	s := Settings{Check: *check, ConfigPath: path}
-	e := bus.Embedded{StoreDir: DefaultStore, Listen: DefaultListen, ServerName: DefaultName}
+	e := natsserver.Config{StoreDir: DefaultStore, Listen: DefaultListen, ServerName: DefaultName}
 	doc := config.NewDoc("")
 	if path != "" {
 		b, err := os.ReadFile(path)
@@ -103,13 +103,13 @@ func load(args []string, stderr io.Writer, host bool) (Settings, []string, error
 		}
 		// The file's keys replace the defaults; its validation waits until
 		// the flags are applied, since they may complete it.
-		f := file{Embedded: e}
+		f := file{Config: e}
 		d, ok := config.Decode(path, b, &f)
 		if !ok {
 			_, err := d.Report()
 			return s, nil, err
 		}
-		doc, e = d, f.Embedded
+		doc, e = d, f.Config
 	}
 	fs.Visit(func(fl *flag.Flag) {
 		if k, ok := flagKeys[fl.Name]; ok {
@@ -136,7 +136,7 @@ func load(args []string, stderr io.Writer, host bool) (Settings, []string, error
 			e.InsecureLab = *insecure
 		}
 	})
-	s.Embedded = e
+	s.Server = e
 	errs := []error{e.Validate("")}
 	if host {
 		errs = append(errs, e.CheckHost(""))
@@ -145,9 +145,9 @@ func load(args []string, stderr io.Writer, host bool) (Settings, []string, error
 	return s, warnings, err
 }
 
-// file is the config file's shape: bus.embedded's keys at the top.
+// file is the config file's shape: natsserver.Config's keys at the top.
 type file struct {
-	bus.Embedded `yaml:",inline"`
+	natsserver.Config `yaml:",inline"`
 }
 
 func split(s string) []string {

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/natsserver"
 )
 
 func TestFlagsOverrideOnlyWhatTheyName(t *testing.T) {
@@ -25,19 +25,19 @@ cluster:
 	if err != nil {
 		t.Fatal(err)
 	}
-	fromFile := bus.Embedded{StoreDir: "/srv/nats", Listen: "0.0.0.0:4222", ServerName: "nats-n1", Tags: []string{"host:n1"},
-		Cluster: bus.EmbeddedCluster{Name: "fan", Listen: "0.0.0.0:6222", Routes: []string{"198.51.100.11:6222", "198.51.100.12:6222", "198.51.100.2:6222"}}}
+	fromFile := natsserver.Config{StoreDir: "/srv/nats", Listen: "0.0.0.0:4222", ServerName: "nats-n1", Tags: []string{"host:n1"},
+		Cluster: natsserver.Cluster{Name: "fan", Listen: "0.0.0.0:6222", Routes: []string{"198.51.100.11:6222", "198.51.100.12:6222", "198.51.100.2:6222"}}}
 	for _, tc := range []struct {
 		name string
 		args []string
-		want func(e *bus.Embedded)
+		want func(e *natsserver.Config)
 	}{
-		{"file only", nil, func(*bus.Embedded) {}},
-		{"listen and store", []string{"-listen", "127.0.0.1:5222", "-store", "/tmp/x"}, func(e *bus.Embedded) {
+		{"file only", nil, func(*natsserver.Config) {}},
+		{"listen and store", []string{"-listen", "127.0.0.1:5222", "-store", "/tmp/x"}, func(e *natsserver.Config) {
 			e.Listen, e.StoreDir = "127.0.0.1:5222", "/tmp/x"
 		}},
-		{"routes replace the list", []string{"-routes", "a:1, b:2"}, func(e *bus.Embedded) { e.Cluster.Routes = []string{"a:1", "b:2"} }},
-		{"name and tags", []string{"-name", "nats-x", "-tags", "a,b"}, func(e *bus.Embedded) {
+		{"routes replace the list", []string{"-routes", "a:1, b:2"}, func(e *natsserver.Config) { e.Cluster.Routes = []string{"a:1", "b:2"} }},
+		{"name and tags", []string{"-name", "nats-x", "-tags", "a,b"}, func(e *natsserver.Config) {
 			e.ServerName, e.Tags = "nats-x", []string{"a", "b"}
 		}},
 	} {
@@ -111,7 +111,7 @@ func TestCheckConfigArguments(t *testing.T) {
 		{"-config", path, "-check-config"},
 	} {
 		s, _, err := Load(args, io.Discard)
-		if err != nil || !s.Check || s.ConfigPath != path || s.Embedded.StoreDir != dir {
+		if err != nil || !s.Check || s.ConfigPath != path || s.Server.StoreDir != dir {
 			t.Errorf("%q: %+v, %v", args, s, err)
 		}
 	}

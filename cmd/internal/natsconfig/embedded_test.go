@@ -7,11 +7,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/natsserver"
 	"github.com/nats-io/nats.go"
 )
 
-// fan-nats (bus.StartEmbedded with server_config) runs the generated
+// fan-nats (natsserver.Start with server_config) runs the generated
 // server configuration as it is: the admin provisions over mutual TLS with
 // its nkey, a service finds the streams, a stranger is kept out.
 func TestGeneratedConfigRunsInFanNATS(t *testing.T) {
@@ -20,7 +20,7 @@ func TestGeneratedConfigRunsInFanNATS(t *testing.T) {
 	if _, err := Generate(c, Options{Out: out}); err != nil {
 		t.Fatal(err)
 	}
-	srv, err := bus.StartEmbedded(bus.Embedded{
+	srv, err := natsserver.Start(natsserver.Config{
 		StoreDir: filepath.Join(out, "fan-nats"), ServerName: "nats-1",
 		Listen:       "127.0.0.1:" + itoa(c.NATS[0].ClientPort),
 		ServerConfig: filepath.Join(Bundle(out, "nats-1"), serverConf),

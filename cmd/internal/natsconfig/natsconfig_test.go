@@ -5,7 +5,6 @@ import (
 	"context"
 	"io/fs"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -16,27 +15,18 @@ import (
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // testCluster is one nats-server on loopback, two PBX nodes, a control
 // host with a DNS site executor, an operator and an auditor.
 func testCluster(t *testing.T, out string) Cluster {
 	c := Cluster{
 		Cluster:   "c1",
-		NATS:      []Server{{Name: "nats-1", Host: "localhost", IPs: []string{"127.0.0.1"}, ClientPort: freePort(t), Monitor: "-"}},
+		NATS:      []Server{{Name: "nats-1", Host: "localhost", IPs: []string{"127.0.0.1"}, ClientPort: porttest.Port(t), Monitor: "-"}},
 		Nodes:     []Host{{Name: "n1"}, {Name: "n2"}},
 		Control:   []Host{{Name: "ctl1", DNSSites: []string{"siteA"}}},
 		Operators: []string{"alice"},

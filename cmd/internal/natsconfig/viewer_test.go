@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -14,6 +15,7 @@ import (
 
 	"github.com/fanpbx/fan/cmd/internal/statuspage"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestViewerServesThePage: the status page runs on the viewer's generated
@@ -104,19 +106,15 @@ func TestViewerServesThePage(t *testing.T) {
 
 	// The status, with the heartbeat's checks: KV and live stream reads.
 	var snap statuspage.Snapshot
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waittest.Succeeds(t, 10*time.Second, "the viewer's page showing the group with its checks", func() error {
 		resp := get("api/status")
 		err := json.NewDecoder(resp.Body).Decode(&snap)
 		_ = resp.Body.Close()
-		if err == nil && len(snap.Groups) == 1 && len(snap.Groups[0].Nodes) == 1 && len(snap.Groups[0].Nodes[0].Checks) == 1 {
-			break
+		if err == nil && (len(snap.Groups) != 1 || len(snap.Groups[0].Nodes) != 1 || len(snap.Groups[0].Nodes[0].Checks) != 1) {
+			err = fmt.Errorf("shown: %+v", snap)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the viewer's page never showed the group with its checks: %+v (%v)", snap, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 	if snap.Groups[0].Status.Holder != "n1" || snap.Groups[0].Status.Epoch != 4 {
 		t.Fatalf("status %+v", snap.Groups[0].Status)
 	}

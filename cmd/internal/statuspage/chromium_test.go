@@ -15,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/cmd/internal/statuspage"
 	"github.com/fanpbx/fan/lab/prereq"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // onPageWithin bounds how soon a failover is on the page once published.
@@ -162,24 +163,19 @@ func TestPageInChromium(t *testing.T) {
 	wants := []string{"198.51.100.10/24", "pbx: holding: n1 is preferred and healthy", "nightly: opens in",
 		"peer-n1 (peer, by n2)", "pbx: failback permitted until", "1 up, 1 carriable",
 		"pbx: CALLS: 2 endpoints on n1 negotiate session timers (6001, 6002)"}
-	var shown string
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		shown = value("the status", chromedp.Text(chromedp.ID("app")))
-		missing := 0
+	waittest.Succeeds(t, 10*time.Second, "the page showing the status", func() error {
+		shown := value("the status", chromedp.Text(chromedp.ID("app")))
+		var missing []string
 		for _, want := range wants {
 			if !strings.Contains(shown, want) {
-				missing++
+				missing = append(missing, want)
 			}
 		}
-		if missing == 0 || time.Now().After(deadline) {
-			break
+		if len(missing) > 0 {
+			return fmt.Errorf("the page lacks %q:\n%s", missing, shown)
 		}
-	}
-	for _, want := range wants {
-		if !strings.Contains(shown, want) {
-			t.Errorf("the page lacks %q:\n%s", want, shown)
-		}
-	}
+		return nil
+	})
 	if conn := value("the stream", chromedp.Text(chromedp.ID("conn"))); conn != "live" {
 		t.Errorf("the live stream says %q", conn)
 	}
@@ -193,22 +189,24 @@ func TestPageInChromium(t *testing.T) {
 	published := time.Since(start)
 	probe := fmt.Sprintf(`(() => { const h = document.querySelector('tr[data-group="lab/pbx"] td.holder');
 		return (h ? h.dataset.holder : '') + '|' + !!document.querySelector('#timeline li.decision[data-id="%s"]'); })()`, dec.ID)
-	var took time.Duration
-	for {
+	onPage := false
+	defer func() {
+		if !onPage {
+			shot("failed.png")
+		}
+	}()
+	waittest.Succeeds(t, 10*time.Second-time.Since(start), "the failover on the page", func() error {
 		seen, err := chromedp.Run(bctx, chromedp.Evaluate[string](probe))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if seen == "n2|true" {
-			took = time.Since(start)
-			break
+		if seen != "n2|true" {
+			return fmt.Errorf("holder|decision: %s", seen)
 		}
-		if time.Since(start) > 10*time.Second {
-			shot("failed.png")
-			t.Fatalf("the failover is not on the page after 10 s (holder|decision: %s)", seen)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return nil
+	})
+	onPage = true
+	took := time.Since(start)
 	fmt.Printf("statuspage_failover_published_ms=%d\nstatuspage_failover_on_page_ms=%d\n", published.Milliseconds(), took.Milliseconds())
 	if took > onPageWithin {
 		t.Errorf("the failover took %v to reach the page, more than %v", took, onPageWithin)
@@ -332,14 +330,15 @@ func TestChartsInChromium(t *testing.T) {
 	drawn := fmt.Sprintf(`[...document.querySelectorAll('#failovers g.fo')].length === %d && !!document.querySelector('.node-card[data-node="n1"]')`, len(tr.Failovers))
 	waitDrawn := func(what string) {
 		t.Helper()
-		deadline := time.Now().Add(15 * time.Second)
-		for eval(what, `String(`+drawn+`)`) != "true" {
-			if time.Now().After(deadline) {
+		drawnOK := false
+		defer func() {
+			if !drawnOK {
 				shot("charts-failed.png")
-				t.Fatalf("%s: the charts are not drawn after 15 s:\n%s", what, eval("the page", `document.body.innerText`))
+				t.Logf("the page:\n%s", eval("the page", `document.body.innerText`))
 			}
-			time.Sleep(100 * time.Millisecond)
-		}
+		}()
+		waittest.Until(t, 15*time.Second, what+": the charts drawn", func() bool { return eval(what, `String(`+drawn+`)`) == "true" })
+		drawnOK = true
 	}
 	run("the login", chromedp.Navigate(p.base), chromedp.WaitVisible(chromedp.ID("token")),
 		chromedp.SendKeys(chromedp.ID("token"), testToken), chromedp.Click(chromedp.CSS(`#login button[type="submit"]`)),

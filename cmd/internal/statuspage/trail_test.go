@@ -13,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // knownTrail is a week of a group's life, published as the services
@@ -205,17 +206,13 @@ func statuspageConfig() statuspage.Config { return statuspage.Config{} }
 // waitJSON reads rel (with the token) into v until ok says it is complete.
 func waitJSON(t *testing.T, p *page, rel string, v any, ok func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	waittest.Succeeds(t, 15*time.Second, rel+" answering what the test waits for", func() error {
 		resp := p.get(rel, bearer(testToken))
 		body, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if err == nil && resp.StatusCode == http.StatusOK && json.Unmarshal(body, v) == nil && ok() {
-			return
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %s %v\n%s", rel, resp.Status, err, body)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("%s %v\n%s", resp.Status, err, body)
+	})
 }

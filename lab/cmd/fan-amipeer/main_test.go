@@ -7,30 +7,12 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/lab/amipeer"
+	"github.com/fanpbx/fan/pkg/platform/logtest"
 )
-
-// syncBuffer lets the test read what the server goroutine logs.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestServeAndCtl runs the program in-process: serve, steer it with the ctl
 // form over the unix socket, then stop it as SIGTERM would (ctx cancel).
@@ -40,7 +22,7 @@ func TestServeAndCtl(t *testing.T) {
 	defer cancel()
 	ready := make(chan *amipeer.Peer, 1)
 	done := make(chan error, 1)
-	var logs syncBuffer
+	var logs logtest.Buffer
 	go func() {
 		done <- run(ctx, []string{"-listen", "127.0.0.1:0", "-user", "u", "-secret", "pw", "-control", sock, "-channels", "3", "-calls", "1"},
 			&bytes.Buffer{}, &logs, func(p *amipeer.Peer) { ready <- p })

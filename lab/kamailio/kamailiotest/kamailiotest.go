@@ -21,6 +21,8 @@ import (
 
 	"github.com/fanpbx/fan/lab/peer"
 	"github.com/fanpbx/fan/lab/prereq"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Need skips (fails under CI) unless every program is installed.
@@ -99,13 +101,6 @@ func (e *Events) String() string {
 	return e.log.String()
 }
 
-// FreePort returns a loopback port free for both UDP and TCP: the proxy
-// listens on both (SIP over UDP, JSON-RPC over HTTP on TCP).
-func FreePort(t testing.TB) int {
-	t.Helper()
-	return peer.MustFreePort(t)
-}
-
 // Start runs one Kamailio in its own process group (it forks children;
 // package peer) and kills that whole group when the test ends.
 func Start(t testing.TB, name, cfg string) *Events {
@@ -142,7 +137,7 @@ func (e *Events) Signal(t testing.TB, sig syscall.Signal) { e.proc.Signal(t, sig
 // UDP port, and returns the port once SIPp listens on it.
 func SIPpServer(t testing.TB, scenario string) int {
 	t.Helper()
-	port := FreePort(t)
+	port := porttest.Port(t)
 	dir := t.TempDir()
 	sf := filepath.Join(dir, "scenario.xml")
 	if err := os.WriteFile(sf, []byte(scenario), 0o644); err != nil {
@@ -154,19 +149,14 @@ func SIPpServer(t testing.TB, scenario string) int {
 		t.Fatal(err)
 	}
 	want := fmt.Appendf(nil, "0100007F:%04X", port)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waittest.Until(t, 10*time.Second, fmt.Sprintf("sipp listening on %d", port), func() bool {
 		if p.Exited() {
 			t.Fatalf("sipp exited: %s", p.Output())
 		}
-		if b, _ := os.ReadFile("/proc/net/udp"); bytes.Contains(b, want) {
-			return port
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("sipp not listening on %d within 10s", port)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		b, _ := os.ReadFile("/proc/net/udp")
+		return bytes.Contains(b, want)
+	})
+	return port
 }
 
 // SIPp places n calls through the proxy with SIPp's built-in uac scenario.

@@ -23,6 +23,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/prereq"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // RequireRoot skips the test unless it can create namespaces; under CI
@@ -67,7 +68,7 @@ func NewLAN(t testing.TB, prefix string, hosts ...string) *LAN {
 	}
 	for h, ns := range l.Hosts {
 		nh := ns.Netlink(t)
-		WaitUntil(t, 5*time.Second, LANInterface+" up in "+h, func() bool { return operUp(nh, LANInterface) })
+		waittest.Until(t, 5*time.Second, LANInterface+" up in "+h, func() bool { return operUp(nh, LANInterface) })
 	}
 	return l
 }
@@ -179,7 +180,7 @@ func NewPair(t testing.TB, prefix, ifA, ifB string) *Pair {
 	ib := b.Interface(t, ifB)
 	p.MACA, p.MACB, p.IndexA, p.IndexB = ia.HardwareAddr, ib.HardwareAddr, ia.Index, ib.Index
 	ha, hb := a.Netlink(t), b.Netlink(t)
-	WaitUntil(t, 5*time.Second, "veth carrier up", func() bool {
+	waittest.Until(t, 5*time.Second, "veth carrier up", func() bool {
 		return operUp(ha, ifA) && operUp(hb, ifB)
 	})
 	return p
@@ -201,19 +202,6 @@ func Run(t testing.TB, name string, args ...string) string {
 		t.Fatalf("%s %s: %v: %s", name, strings.Join(args, " "), err, out)
 	}
 	return string(out)
-}
-
-// WaitUntil polls cond until it holds or the timeout passes. Tests wait on
-// conditions rather than sleeping for a guessed time.
-func WaitUntil(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 func randomHex(n int) string {

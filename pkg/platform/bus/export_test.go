@@ -10,6 +10,9 @@ func SetHomeEvery(d time.Duration) time.Duration {
 	return prev
 }
 
+// HomeLooks is how many looks at a preferred server b has made.
+func HomeLooks(b *Bus) int64 { return b.homeLooks.Load() }
+
 // Replica is what a lease read asks directly; SetReplica puts a test's in
 // the place of the command stream (one that is silent or behind).
 type Replica = replica

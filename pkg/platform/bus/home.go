@@ -83,6 +83,7 @@ func (b *Bus) home(order *serverOrder, auth []nats.Option, stop <-chan struct{})
 			}
 			break
 		}
+		b.homeLooks.Add(1)
 	}
 }
 

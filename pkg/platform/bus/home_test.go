@@ -2,12 +2,14 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // A connection that moved to bus.url's second server because its first
@@ -27,19 +29,19 @@ func TestConnectionReturnsToItsPreferredServer(t *testing.T) {
 	first, second := c.URL("n1"), c.URL("n2")
 	on := func(want string, within time.Duration) {
 		t.Helper()
-		deadline := time.Now().Add(within)
-		for got := b.NC.ConnectedUrl(); got != want; got = b.NC.ConnectedUrl() {
-			if time.Now().After(deadline) {
-				t.Fatalf("connected to %q, want %s within %v\n%s", got, want, within, logs.String())
+		waittest.Succeeds(t, within, "connected to "+want, func() error {
+			if got := b.NC.ConnectedUrl(); got != want {
+				return fmt.Errorf("connected to %q\n%s", got, logs.String())
 			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	on(first, 5*time.Second)
 	c.Stop("n1")
 	on(second, 15*time.Second)
 	// While n1 is down the probes fail and the connection stays put.
-	time.Sleep(time.Second)
+	looks := bus.HomeLooks(b)
+	waittest.Until(t, 15*time.Second, "two looks at n1 while it is down", func() bool { return bus.HomeLooks(b) >= looks+2 })
 	on(second, 0)
 	c.Restart("n1")
 	on(first, 30*time.Second)

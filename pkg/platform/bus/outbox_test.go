@@ -14,6 +14,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
@@ -54,17 +55,6 @@ func storedIDs(t *testing.T, b *bus.Bus) []string {
 			ids = append(ids, env.ID)
 		}
 		seq = m.Sequence + 1
-	}
-}
-
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
 	}
 }
 
@@ -114,7 +104,7 @@ func TestOutboxStreamGoneThenBack(t *testing.T) {
 		[2]string{"check/a", "a"}, [2]string{"", "c"}, [2]string{"check/b", "b"}, [2]string{"check/d", "d"})
 	// a1 and b1 are superseded by a2 and b2.
 	want := []string{ids[2], ids[3], ids[4], ids[5], ids[6]}
-	waitFor(t, "retries", func() bool { return metric(o, "fan_outbox_retries_total") >= 3 })
+	waittest.Until(t, 20*time.Second, "retries", func() bool { return metric(o, "fan_outbox_retries_total") >= 3 })
 	if n := o.Pending(); n != len(want) {
 		t.Fatalf("pending %d, want %d", n, len(want))
 	}
@@ -122,7 +112,7 @@ func TestOutboxStreamGoneThenBack(t *testing.T) {
 	if err := b.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the outbox to empty", func() bool { return o.Pending() == 0 })
+	waittest.Until(t, 20*time.Second, "the outbox to empty", func() bool { return o.Pending() == 0 })
 	got := storedIDs(t, b)
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("stored %v\nwant   %v (post order, superseded skipped, each once)", got, want)
@@ -174,16 +164,16 @@ func TestOutboxServerRestart(t *testing.T) {
 	b := bustest.Connect(t, s, ident("prober", "n1"))
 	o := newOutbox(t, b, bus.OutboxConfig{Attempt: 200 * time.Millisecond})
 	before := post(t, o, [2]string{"check/a", "a"})
-	waitFor(t, "the first event stored", func() bool { return o.Pending() == 0 })
+	waittest.Until(t, 20*time.Second, "the first event stored", func() bool { return o.Pending() == 0 })
 
 	s.Shutdown()
 	s.WaitForShutdown()
 	ids := post(t, o, [2]string{"check/a", "a"}, [2]string{"check/b", "b"}, [2]string{"check/a", "a"})
-	waitFor(t, "retries", func() bool { return metric(o, "fan_outbox_retries_total") >= 2 })
+	waittest.Until(t, 20*time.Second, "retries", func() bool { return metric(o, "fan_outbox_retries_total") >= 2 })
 
 	s = start(port)
 	t.Cleanup(func() { s.Shutdown(); s.WaitForShutdown() })
-	waitFor(t, "the outbox to empty", func() bool { return o.Pending() == 0 })
+	waittest.Until(t, 20*time.Second, "the outbox to empty", func() bool { return o.Pending() == 0 })
 	want := []string{before[0], ids[1], ids[2]}
 	if got := storedIDs(t, b); fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("stored %v\nwant   %v", got, want)
@@ -217,7 +207,7 @@ func TestOutboxCap(t *testing.T) {
 	if err := b.Provision(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the outbox to empty", func() bool { return o.Pending() == 0 })
+	waittest.Until(t, 20*time.Second, "the outbox to empty", func() bool { return o.Pending() == 0 })
 	if got, want := storedIDs(t, b), ids[2:]; fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("stored %v, want the newest %v", got, want)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -78,20 +79,18 @@ func TestPeersFollowTheCluster(t *testing.T) {
 	// waitRead reads until ok holds for what the gauges say.
 	waitRead := func(what string, ok func() bool) {
 		t.Helper()
-		for {
+		deadline, _ := ctx.Deadline()
+		waittest.Succeeds(t, time.Until(deadline), what, func() error {
 			b.ReadUsage(ctx, u)
 			if ok() {
-				return
+				return nil
 			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s: FAN_EVENTS %v of %v current, meta %v of %v, servers n1 %v n2 %v n3 %v", what,
-					gauge(t, u, "fan_raft_peers_current", "group", bus.EventsStream), gauge(t, u, "fan_raft_peers", "group", bus.EventsStream),
-					gauge(t, u, "fan_raft_peers_current", "group", bus.MetaGroup), gauge(t, u, "fan_raft_peers", "group", bus.MetaGroup),
-					gauge(t, u, "fan_nats_server_up", "server", "n1"), gauge(t, u, "fan_nats_server_up", "server", "n2"),
-					gauge(t, u, "fan_nats_server_up", "server", "n3"))
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
+			return fmt.Errorf("FAN_EVENTS %v of %v current, meta %v of %v, servers n1 %v n2 %v n3 %v",
+				gauge(t, u, "fan_raft_peers_current", "group", bus.EventsStream), gauge(t, u, "fan_raft_peers", "group", bus.EventsStream),
+				gauge(t, u, "fan_raft_peers_current", "group", bus.MetaGroup), gauge(t, u, "fan_raft_peers", "group", bus.MetaGroup),
+				gauge(t, u, "fan_nats_server_up", "server", "n1"), gauge(t, u, "fan_nats_server_up", "server", "n2"),
+				gauge(t, u, "fan_nats_server_up", "server", "n3"))
+		})
 	}
 	all := func(groups []string, want float64) bool {
 		for _, g := range groups {
@@ -162,18 +161,15 @@ no_auth_user: fan
 	u := bus.NewUsage()
 	u.System = sys
 	want := float64(mustNotAfter(t, p.serverCert).Unix())
-	for {
+	deadline, _ := ctx.Deadline()
+	waittest.Succeeds(t, time.Until(deadline), "the client certificate of nats-ctl read", func() error {
 		app.ReadUsage(ctx, u)
-		if gauge(t, u, "fan_nats_cert_not_after_timestamp_seconds", "server", "nats-ctl", "listener", "client") == want &&
-			gauge(t, u, "fan_nats_server_up", "server", "nats-ctl") == 1 {
-			return
+		got := gauge(t, u, "fan_nats_cert_not_after_timestamp_seconds", "server", "nats-ctl", "listener", "client")
+		if got != want || gauge(t, u, "fan_nats_server_up", "server", "nats-ctl") != 1 {
+			return fmt.Errorf("not after %v, want %v", got, want)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("client certificate of nats-ctl: %v, want %v",
-				gauge(t, u, "fan_nats_cert_not_after_timestamp_seconds", "server", "nats-ctl", "listener", "client"), want)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func mustNotAfter(t *testing.T, path string) time.Time {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -408,18 +406,6 @@ func retry(ctx context.Context, b *Bus, what string, op func(context.Context) er
 		}
 		backoff = min(backoff*2, 2*time.Second)
 	}
-}
-
-func splitHostPort(hp string) (string, int, error) {
-	host, p, err := net.SplitHostPort(hp)
-	if err != nil {
-		return "", 0, err
-	}
-	port, err := strconv.Atoi(p)
-	if err != nil {
-		return "", 0, fmt.Errorf("port %q: %w", p, err)
-	}
-	return host, port, nil
 }
 
 // ProvisionObjectStores creates the replicator's object stores when they are

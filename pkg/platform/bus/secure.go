@@ -8,18 +8,17 @@ import (
 	"strings"
 
 	"github.com/fanpbx/fan/pkg/platform/config"
-	"github.com/nats-io/nats-server/v2/server"
 )
 
-// ErrInsecure is what a client or an embedded server returns when it would
+// ErrInsecure is what a client or a server (package natsserver) returns when it would
 // speak on a network other than loopback without TLS or without an identity
 // and its configuration does not say it is a throwaway lab. Anyone who can
 // reach such a port can read every event and forge every command.
 var ErrInsecure = errors.New("insecure bus refused")
 
 // checkSecure refuses a client configuration that would reach a server off
-// loopback in clear text or anonymously. Loopback and in-process connections
-// stay on this machine, so they may go without.
+// loopback in clear text or anonymously. Loopback connections stay on this
+// machine, so they may go without.
 func (c *Config) checkSecure() error {
 	if c.InsecureLab || c.URL == "" {
 		return nil
@@ -73,55 +72,4 @@ func loopbackHost(host string) bool {
 	}
 	ip := net.ParseIP(strings.Trim(host, "[]"))
 	return ip != nil && ip.IsLoopback()
-}
-
-// checkListeners refuses to start a server whose client or route listener is
-// reachable from other machines without authentication and TLS. It names
-// each listener that is wrong (errors.Join), the client's first.
-func checkListeners(o *server.Options, insecureLab bool) error {
-	if insecureLab {
-		return nil
-	}
-	var errs []error
-	if !o.DontListen && !loopbackHost(o.Host) {
-		var missing []string
-		if !hasClientAuth(o) {
-			missing = append(missing, "authentication")
-		}
-		if o.TLSConfig == nil {
-			missing = append(missing, "TLS")
-		}
-		if len(missing) > 0 {
-			errs = append(errs, &listenerError{route: false, err: fmt.Errorf("%w: nats client listener %s is not loopback and has no %s; give a server configuration "+
-				"with authorization and tls blocks (fanctl nats-config writes one), or the insecure-lab flag for a throwaway lab",
-				ErrInsecure, net.JoinHostPort(o.Host, fmt.Sprint(o.Port)), strings.Join(missing, " and "))})
-		}
-	}
-	if o.Cluster.Port != 0 && !loopbackHost(o.Cluster.Host) && o.Cluster.TLSConfig == nil {
-		errs = append(errs, &listenerError{route: true, err: fmt.Errorf("%w: nats route listener %s is not loopback and has no TLS; give the cluster block a tls block "+
-			"(verify: true), or the insecure-lab flag for a throwaway lab",
-			ErrInsecure, net.JoinHostPort(o.Cluster.Host, fmt.Sprint(o.Cluster.Port)))})
-	}
-	return errors.Join(errs...)
-}
-
-// listenerError is checkListeners' refusal of one listener: the client's
-// (listen) or the routes' (cluster.listen).
-type listenerError struct {
-	route bool
-	err   error
-}
-
-func (e *listenerError) Error() string { return e.err.Error() }
-func (e *listenerError) Unwrap() error { return e.err }
-
-// hasClientAuth reports whether every client must prove who it is: users,
-// nkeys, a token, an operator's JWTs, or a client certificate. A no_auth_user
-// lets anonymous clients in, so it counts as none.
-func hasClientAuth(o *server.Options) bool {
-	if o.NoAuthUser != "" {
-		return false
-	}
-	return len(o.Nkeys) > 0 || len(o.Users) > 0 || o.Username != "" || o.Authorization != "" ||
-		len(o.TrustedOperators) > 0 || len(o.TrustedKeys) > 0 || (o.TLSConfig != nil && o.TLSVerify)
 }

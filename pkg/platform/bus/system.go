@@ -43,9 +43,6 @@ func (c *Config) validateLeaders() error {
 	if sys.User != "" && sys.Password == "" {
 		errs = append(errs, config.Errf("bus.system.password", "required with bus.system.user"))
 	}
-	if c.URL == "" {
-		errs = append(errs, config.Errf("bus.system", "needs bus.url (an embedded server has no system account user)"))
-	}
 	return config.Join(errs...)
 }
 

@@ -19,7 +19,7 @@ func TestLeaderServersAndSystemValidate(t *testing.T) {
 		{"system without password", Config{URL: "nats://127.0.0.1:4222", System: &SystemAccount{User: "sys"}}, "bus.system.password"},
 		{"system two ways", Config{URL: "nats://127.0.0.1:4222", System: &SystemAccount{User: "sys", Password: "p", Creds: "c"}}, "bus.system"},
 		{"system empty", Config{URL: "nats://127.0.0.1:4222", System: &SystemAccount{}}, "bus.system"},
-		{"system embedded", Config{Embedded: &Embedded{StoreDir: "/tmp/x"}, System: &SystemAccount{Creds: "c"}}, "needs bus.url"},
+		{"system without url", Config{System: &SystemAccount{Creds: "c"}}, "bus.url"},
 	}
 	for _, c := range cases {
 		err := c.cfg.Validate()

@@ -3,9 +3,9 @@ package daemon_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -15,23 +15,15 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
 
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 func startRuntime(t *testing.T, ctx context.Context, url, service, node string) (*daemon.Runtime, string) {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := porttest.Addr(t)
 	c := daemon.Common{Cluster: "lab", Node: node, Bus: bus.Config{URL: url}, HTTPListen: addr}
 	if err := c.Validate(); err != nil {
 		t.Fatal(err)
@@ -169,16 +161,13 @@ func TestHealthzFailsWhileALoopIsSilent(t *testing.T) {
 	}
 	lp := rt.Loop("reconcile", 50*time.Millisecond)
 	// Not beating: the loop goes stale once its bound passes.
-	for {
-		code, body := get()
-		if code == http.StatusServiceUnavailable && strings.Contains(body, "silent loops: reconcile") {
-			break
+	// Polling an HTTP endpoint: there is no event to wait on.
+	waittest.Succeeds(t, 10*time.Second, "healthz naming the silent loop", func() error {
+		if code, body := get(); code != http.StatusServiceUnavailable || !strings.Contains(body, "silent loops: reconcile") {
+			return fmt.Errorf("healthz stayed %d %s", code, body)
 		}
-		if ctx.Err() != nil {
-			t.Fatalf("healthz stayed %d %s", code, body)
-		}
-		time.Sleep(10 * time.Millisecond) // polling an HTTP endpoint, no event to wait on
-	}
+		return nil
+	})
 	lp.Done()
 	if code, body := get(); code != 200 {
 		t.Fatalf("after Done: healthz %d %s", code, body)

@@ -63,15 +63,11 @@ func (c *Common) Validate() error {
 
 // CheckHost checks what the common keys name on this host (config.HostChecker,
 // which every service's Config has through Common): the bus's credential and
-// certificate files (CheckFiles), the addresses http_listen and an embedded
-// server listen on, and an embedded server's configuration file.
+// certificate files (CheckFiles) and the address http_listen listens on.
 func (c *Common) CheckHost() error {
 	errs := []error{c.CheckFiles()}
 	if c.HTTPListen != "" {
 		errs = append(errs, config.ListenLocal("http_listen", c.HTTPListen))
-	}
-	if e := c.Bus.Embedded; e != nil {
-		errs = append(errs, e.CheckHost("bus.embedded"))
 	}
 	return config.Join(errs...)
 }
@@ -160,7 +156,7 @@ func Start(ctx context.Context, c Common, service, version string, log *slog.Log
 	rt.Metrics.MustRegister(b.Refusals())
 	// A service with an identity is on a bus with permissions, where only
 	// the admin creates the streams: it waits for them. Without one (a lab,
-	// an embedded bus) it creates what is missing.
+	// a test's server) it creates what is missing.
 	provision := b.Provision
 	if c.Bus.HasIdentity() {
 		provision = b.AwaitProvisioned

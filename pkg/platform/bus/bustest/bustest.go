@@ -7,7 +7,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,6 +14,9 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/natsserver"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -54,7 +56,7 @@ func Connect(t testing.TB, s *server.Server, id bus.Identity) *bus.Bus {
 }
 
 // Cluster starts a JetStream cluster of len(names) servers on loopback,
-// through bus.StartEmbedded as fan-nats does, each server named after its
+// through natsserver.Start as fan-nats does, each server named after its
 // entry in names. It returns once the servers are routed to one another and
 // JetStream has a meta leader, and stops them when the test ends. Servers
 // shut down by the test stay down; Restart brings one back.
@@ -83,14 +85,14 @@ func Cluster(t testing.TB, names ...string) *TestCluster {
 // TestCluster is a running test cluster.
 type TestCluster struct {
 	t       testing.TB
-	specs   map[string]bus.Embedded
+	specs   map[string]natsserver.Config
 	mu      sync.Mutex
 	Names   []string
 	Servers map[string]*server.Server
 }
 
 func (c *TestCluster) start(name string) error {
-	s, err := bus.StartEmbedded(c.specs[name], slog.New(slog.DiscardHandler))
+	s, err := natsserver.Start(c.specs[name], slog.New(slog.DiscardHandler))
 	if err != nil {
 		return fmt.Errorf("start %s: %w", name, err)
 	}
@@ -106,21 +108,21 @@ func (c *TestCluster) URL(names ...string) string { return clusterURL(c.specs, c
 
 // memberSpecs gives each named member a client port, a route port and a
 // store under dir, every member routed to all.
-func memberSpecs(t testing.TB, dir string, names []string) map[string]bus.Embedded {
+func memberSpecs(t testing.TB, dir string, names []string) map[string]natsserver.Config {
 	t.Helper()
 	routes := make([]string, len(names))
 	clientPorts := make([]int, len(names))
 	for i := range names {
-		routes[i] = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		clientPorts[i] = freePort(t)
+		routes[i] = fmt.Sprintf("127.0.0.1:%d", porttest.Port(t))
+		clientPorts[i] = porttest.Port(t)
 	}
-	specs := map[string]bus.Embedded{}
+	specs := map[string]natsserver.Config{}
 	for i, name := range names {
-		specs[name] = bus.Embedded{
+		specs[name] = natsserver.Config{
 			StoreDir:   filepath.Join(dir, name),
 			Listen:     fmt.Sprintf("127.0.0.1:%d", clientPorts[i]),
 			ServerName: name,
-			Cluster:    bus.EmbeddedCluster{Name: "fan-test", Listen: routes[i], Routes: routes},
+			Cluster:    natsserver.Cluster{Name: "fan-test", Listen: routes[i], Routes: routes},
 		}
 	}
 	return specs
@@ -128,7 +130,7 @@ func memberSpecs(t testing.TB, dir string, names []string) map[string]bus.Embedd
 
 // clusterURL lists the client addresses of names (all, in order, when none
 // are given).
-func clusterURL(specs map[string]bus.Embedded, all, names []string) string {
+func clusterURL(specs map[string]natsserver.Config, all, names []string) string {
 	if len(names) == 0 {
 		names = all
 	}
@@ -163,67 +165,60 @@ func (c *TestCluster) Restart(name string) {
 // meta leader, and returns its name.
 func (c *TestCluster) WaitMetaLeader() string {
 	c.t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		c.mu.Lock()
-		leaders := map[string]bool{}
-		ready := true
-		for _, s := range c.Servers {
-			jsz, err := s.Jsz(nil)
-			if err != nil || jsz.Meta == nil || jsz.Meta.Leader == "" {
-				ready = false
-				break
-			}
-			// The leader must see every other running member as current.
-			if s.JetStreamIsLeader() {
-				current := 1
-				for _, p := range jsz.Meta.Replicas {
-					if p.Current && !p.Offline {
-						current++
-					}
-				}
-				if current < len(c.Servers) {
-					ready = false
-					break
-				}
-			}
-			leaders[jsz.Meta.Leader] = true
-		}
-		c.mu.Unlock()
-		if ready && len(leaders) == 1 {
-			for l := range leaders {
-				return l
-			}
-		}
-		if time.Now().After(deadline) {
-			var seen []string
-			c.mu.Lock()
-			for name, s := range c.Servers {
-				jsz, err := s.Jsz(nil)
-				switch {
-				case err != nil:
-					seen = append(seen, fmt.Sprintf("%s: %v", name, err))
-				case jsz.Meta == nil:
-					seen = append(seen, fmt.Sprintf("%s: no meta group (routes %d)", name, s.NumRoutes()))
-				default:
-					seen = append(seen, fmt.Sprintf("%s: leader %q size %d routes %d", name, jsz.Meta.Leader, jsz.Meta.Size, s.NumRoutes()))
-				}
-			}
-			c.mu.Unlock()
-			c.t.Fatalf("no JetStream meta leader agreed by %v within 30s: %s", c.Names, strings.Join(seen, "; "))
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	var leader string
+	waittest.Succeeds(c.t, 30*time.Second, fmt.Sprintf("a JetStream meta leader agreed by %v", c.Names), func() error {
+		var err error
+		leader, err = c.agreedMetaLeader()
+		return err
+	})
+	return leader
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("free port: %v", err)
+// agreedMetaLeader is the meta leader every running member knows, one that
+// sees every other member as current; or, as the error, what each sees.
+func (c *TestCluster) agreedMetaLeader() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	leaders := map[string]bool{}
+	ready := true
+	var seen []string
+	for name, s := range c.Servers {
+		jsz, err := s.Jsz(nil)
+		switch {
+		case err != nil:
+			seen = append(seen, fmt.Sprintf("%s: %v", name, err))
+			ready = false
+			continue
+		case jsz.Meta == nil:
+			seen = append(seen, fmt.Sprintf("%s: no meta group (routes %d)", name, s.NumRoutes()))
+			ready = false
+			continue
+		}
+		seen = append(seen, fmt.Sprintf("%s: leader %q size %d routes %d", name, jsz.Meta.Leader, jsz.Meta.Size, s.NumRoutes()))
+		if jsz.Meta.Leader == "" {
+			ready = false
+			continue
+		}
+		// The leader must see every other running member as current.
+		if s.JetStreamIsLeader() {
+			current := 1
+			for _, p := range jsz.Meta.Replicas {
+				if p.Current && !p.Offline {
+					current++
+				}
+			}
+			if current < len(c.Servers) {
+				ready = false
+			}
+		}
+		leaders[jsz.Meta.Leader] = true
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	if ready && len(leaders) == 1 {
+		for l := range leaders {
+			return l, nil
+		}
+	}
+	return "", errors.New(strings.Join(seen, "; "))
 }
 
 // Outbox starts an outbox on b, as the daemon runtime does for a service;

@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/nats-io/nats-server/v2/server"
+
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // System account credentials of a Cluster (for meta-leader requests).
@@ -43,7 +46,7 @@ func SystemCluster(t testing.TB, n int) *AccountsCluster {
 	var clientPorts, routePorts []int
 	var routes []string
 	for range n {
-		clientPorts, routePorts = append(clientPorts, freePort(t)), append(routePorts, freePort(t))
+		clientPorts, routePorts = append(clientPorts, porttest.Port(t)), append(routePorts, porttest.Port(t))
 		routes = append(routes, fmt.Sprintf("nats-route://127.0.0.1:%d", routePorts[len(routePorts)-1]))
 	}
 	dir := t.TempDir()
@@ -150,18 +153,17 @@ func (c *AccountsCluster) Restart(name string) {
 // WaitMetaLeader waits until some running server sees a meta leader.
 func (c *AccountsCluster) WaitMetaLeader(within time.Duration) string {
 	c.t.Helper()
-	deadline := time.Now().Add(within)
-	for time.Now().Before(deadline) {
+	var leader string
+	waittest.Until(c.t, within, "a JetStream meta leader", func() bool {
 		c.mu.Lock()
+		defer c.mu.Unlock()
 		for _, s := range c.servers {
 			if s.JetStreamIsLeader() {
-				c.mu.Unlock()
-				return s.Name()
+				leader = s.Name()
+				return true
 			}
 		}
-		c.mu.Unlock()
-		time.Sleep(50 * time.Millisecond)
-	}
-	c.t.Fatalf("no JetStream meta leader within %v", within)
-	return ""
+		return false
+	})
+	return leader
 }

@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/natsserver"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -30,12 +30,12 @@ func RunMemberIfAsked() {
 	if spec == "" {
 		return
 	}
-	var e bus.Embedded
+	var e natsserver.Config
 	if err := json.Unmarshal([]byte(spec), &e); err != nil {
 		fmt.Fprintln(os.Stderr, "bustest member:", err)
 		os.Exit(2)
 	}
-	if _, err := bus.StartEmbedded(e, slog.New(slog.DiscardHandler)); err != nil {
+	if _, err := natsserver.Start(e, slog.New(slog.DiscardHandler)); err != nil {
 		fmt.Fprintln(os.Stderr, "bustest member:", err)
 		os.Exit(1)
 	}
@@ -50,7 +50,7 @@ func RunMemberIfAsked() {
 // once, which hides what a crash costs.
 type CrashCluster struct {
 	t     testing.TB
-	specs map[string]bus.Embedded
+	specs map[string]natsserver.Config
 	Names []string
 	mu    sync.Mutex
 	procs map[string]*exec.Cmd

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Listen returns a loopback host:port nobody listens on, for a service's
@@ -60,18 +62,17 @@ func Scrape(addr string) (map[string]float64, error) {
 // returns that value; past within it fails the test with what it saw.
 func WaitFor(t testing.TB, addr, series string, ok func(float64) bool, within time.Duration) float64 {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
+	var v float64
+	waittest.Succeeds(t, within, series+" to hold the value waited for", func() error {
 		m, err := Scrape(addr)
-		v, present := m[series]
+		var present bool
+		v, present = m[series]
 		if err == nil && present && ok(v) {
-			return v
+			return nil
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: present %v value %v (scrape error %v) after %v", series, present, v, err, within)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("present %v value %v (scrape error %v)", present, v, err)
+	})
+	return v
 }
 
 // Is returns a predicate for WaitFor: the value equals want.

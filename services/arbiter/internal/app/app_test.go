@@ -8,6 +8,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats-server/v2/server"
 )
 
@@ -44,11 +46,14 @@ type lab struct {
 	channels map[string]func(context.Context) *int
 	// muted nodes' scripted probers stop sending heartbeats (the node falls silent).
 	muted map[string]bool
+	// arbs are the running arbiters (arbiterWith), each once it is built.
+	arbs map[string]*atomic.Pointer[arbiter]
 }
 
 func newLab(t *testing.T, nodes ...string) *lab {
 	l := &lab{t: t, s: bustest.Server(t), nodes: nodes, pbxUp: map[string]bool{}, holders: map[string]bool{},
-		maxEpoch: map[string]uint64{}, applied: map[string]string{}, stored: map[string]events.Envelope{}, slow: map[string]chan struct{}{}, muted: map[string]bool{}}
+		maxEpoch: map[string]uint64{}, applied: map[string]string{}, stored: map[string]events.Envelope{}, slow: map[string]chan struct{}{}, muted: map[string]bool{},
+		arbs: map[string]*atomic.Pointer[arbiter]{}}
 	for _, n := range nodes {
 		l.pbxUp[n] = true
 	}
@@ -87,13 +92,46 @@ func (l *lab) arbiterWith(node string, edit func(*Config)) context.CancelFunc {
 	if err != nil {
 		l.t.Fatal(err)
 	}
+	built := new(atomic.Pointer[arbiter])
+	svc.wired = built.Store
+	l.mu.Lock()
+	l.arbs[node] = built
+	l.mu.Unlock()
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { _ = svc.Run(ctx); close(done) }()
 	var once sync.Once
-	stop := func() { once.Do(func() { cancel(); <-done }) }
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			l.mu.Lock()
+			if l.arbs[node] == built {
+				delete(l.arbs, node)
+			}
+			l.mu.Unlock()
+		})
+	}
 	l.t.Cleanup(stop)
 	return stop
+}
+
+// tickedPast waits until every running arbiter has ticked its core at or
+// after at: whatever the leader would have decided by then it has, and the
+// commands it decided are stored. A test that proves nothing was decided
+// (no second move, no release) waits for this rather than sleeping.
+func (l *lab) tickedPast(at time.Time) {
+	l.t.Helper()
+	waittest.Until(l.t, time.Until(at)+15*time.Second, "every arbiter ticking past "+at.Format("15:04:05.000"), func() bool {
+		l.mu.Lock()
+		defer l.mu.Unlock()
+		for _, built := range l.arbs {
+			if a := built.Load(); a == nil || a.tickedAt.Load() < at.UnixNano() {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // refusals counts the "message refused" log lines of a replica, by reason.
@@ -258,17 +296,12 @@ func (l *lab) holding() []string {
 
 func (l *lab) waitHolder(node string, within time.Duration) {
 	l.t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		h := l.holding()
-		if len(h) == 1 && h[0] == node {
-			return
+	waittest.Succeeds(l.t, within, "only "+node+" holding", func() error {
+		if h := l.holding(); len(h) != 1 || h[0] != node {
+			return fmt.Errorf("holders %v", h)
 		}
-		if time.Now().After(deadline) {
-			l.t.Fatalf("holders %v, want only %s", h, node)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func (l *lab) setPBX(node string, up bool) {
@@ -309,19 +342,13 @@ func TestLeaderLostMidFailover(t *testing.T) {
 	l.mu.Unlock()
 	l.setPBX("n1", false)
 	// Wait until n1 released (the failover is under way), then kill the leader.
-	deadline := time.Now().Add(10 * time.Second)
-	for len(l.holding()) != 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no failover started: holders %v", l.holding())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waittest.Until(t, 10*time.Second, "n1 released: a failover started", func() bool { return len(l.holding()) == 0 })
 	stopA()
 	close(gate) // n2 applies the claim the dead leader sent
 	l.waitHolder("n2", 10*time.Second)
 
 	// The successor leads with a higher epoch and keeps n2: no second move.
-	time.Sleep(l.claimTimeout + time.Second) // a wrongly restored claim would have been retried by now
+	l.tickedPast(time.Now().Add(l.claimTimeout + time.Second)) // a wrongly restored claim would have been retried by then
 	if h := l.holding(); len(h) != 1 || h[0] != "n2" {
 		t.Fatalf("holders %v after the handover", h)
 	}
@@ -417,7 +444,23 @@ func TestCommandDeliveredAfterItsDeadline(t *testing.T) {
 	if claimID == "" {
 		t.Fatal("the failover never claimed n2")
 	}
-	time.Sleep(2 * time.Second) // let n2's executor drain what is left of its queue
+	// n2's executor has read what is left of its queue: nothing waiting,
+	// nothing in its hands.
+	reader := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "test", Node: "reader"})
+	cons, err := reader.JS.Consumer(ctx, bus.CommandsStream, events.ExecutorConsumer("lab", "n2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waittest.Succeeds(t, 10*time.Second, "n2's executor draining its queue", func() error {
+		info, err := cons.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.NumPending != 0 || info.NumAckPending != 0 {
+			return fmt.Errorf("%d waiting, %d in its hands", info.NumPending, info.NumAckPending)
+		}
+		return nil
+	})
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.applied[claimID] != "" {
@@ -447,13 +490,9 @@ func TestOperatorRequestReply(t *testing.T) {
 	ask := func(req events.OperatorRequest) events.OperatorReply { return asker("alice", req) }
 	// The leading arbiter refuses a switchover to a node it has not heard
 	// yet; n2's first verdict may still be on its way on a loaded machine.
-	var rep events.OperatorReply
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		rep = ask(events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching n1", Operator: "alice@ops1"})
-		if rep.Accepted || !strings.Contains(rep.Message, "never heard") || time.Now().After(deadline) {
-			break
-		}
-	}
+	rep := heardSwitchover(t, func() events.OperatorReply {
+		return ask(events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching n1", Operator: "alice@ops1"})
+	})
 	if !rep.Accepted || rep.EventID == "" || len(rep.Decisions) != 1 || rep.Epoch == 0 {
 		t.Fatalf("reply %+v", rep)
 	}
@@ -561,14 +600,10 @@ func TestOperatorIsTheSubjects(t *testing.T) {
 	l, ctx, ask := operatorLab(t)
 	// On a loaded machine the leader may not have heard n2 yet: it refuses
 	// (and records that, as alice too) until it has.
-	var rep events.OperatorReply
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		rep = ask("alice", events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching n1",
+	rep := heardSwitchover(t, func() events.OperatorReply {
+		return ask("alice", events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "patching n1",
 			Operator: "ceo@finance", Comment: "ceo@finance"})
-		if rep.Accepted || !strings.Contains(rep.Message, "never heard") || time.Now().After(deadline) {
-			break
-		}
-	}
+	})
 	if !rep.Accepted {
 		t.Fatalf("reply %+v", rep)
 	}
@@ -665,13 +700,12 @@ func TestForgedHealthOnAnotherNodesSubject(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for refused.count(events.RefusedSubject) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("the arbiter refused %v forged events, want 2", refused.count(events.RefusedSubject))
+	waittest.Succeeds(t, 10*time.Second, "two forged events refused", func() error {
+		if n := refused.count(events.RefusedSubject); n < 2 {
+			return fmt.Errorf("%v refused", n)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return nil
+	})
 	for _, env := range l.trail(ctx) {
 		if env.Type == events.TypeArbiterDecision || env.Type == events.TypeReleaseIP {
 			var d events.ArbiterDecision

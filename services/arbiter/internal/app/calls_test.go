@@ -10,6 +10,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/arbiter/internal/replay"
 )
 
@@ -42,7 +43,7 @@ func TestPlannedSwitchoverCarriesCalls(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, 10*time.Second, "a summary in the live stream", func() bool {
+	waittest.Until(t, 10*time.Second, "a summary in the live stream", func() bool {
 		return p.find(events.TypeCallsSummary, func(events.Envelope) bool { return true }) != nil
 	})
 	rep := p.askSwitchover("alice", events.OperatorRequest{Verb: events.OpSwitchover, Node: "n2", Reason: "kernel update on n1"},

@@ -96,7 +96,7 @@ const holdWriteTimeout = 2 * time.Second
 // operateLeaders answers a leaders hold or release; the request is
 // already recorded (requested). Like the core's actions, the outcome is an
 // OperatorAction citing the request, and what it did cites the outcome.
-func (s *Service) operateLeaders(ctx context.Context, req events.OperatorRequest, requested events.Envelope) events.OperatorReply {
+func (a *arbiter) operateLeaders(ctx context.Context, req events.OperatorRequest, requested events.Envelope) events.OperatorReply {
 	id := uuid.Must(uuid.NewV7()).String()
 	now := time.Now()
 	var accepted bool
@@ -104,29 +104,29 @@ func (s *Service) operateLeaders(ctx context.Context, req events.OperatorRequest
 	var after []func()
 	switch req.Verb {
 	case events.OpLeadersHold:
-		accepted, msg, after = s.holdLeaders(ctx, req, requested.ID, id, now)
+		accepted, msg, after = a.holdLeaders(ctx, req, requested.ID, id, now)
 	case events.OpLeadersRelease:
-		accepted, msg, after = s.releaseLeaders(ctx, req, id, now)
+		accepted, msg, after = a.releaseLeaders(ctx, req, id, now)
 	}
 	act := events.OperatorAction{Verb: req.Verb, Reason: req.Reason, Operator: req.Operator, Comment: req.Comment,
 		Accepted: accepted, Outcome: msg, ForMS: req.ForMS, Until: req.Until, Server: req.Server,
-		Input: s.core.Input(), InputAudit: s.core.InputAudit(), InputLive: s.core.InputLive()}
+		Input: a.core.Input(), InputAudit: a.core.InputAudit(), InputLive: a.core.InputLive()}
 	// The outcome's record goes first, so that what it did can cite it.
-	if _, err := s.ob.Post("", act, events.WithID(id), events.CausedByID(requested.ID, requested.ID), events.WithEpoch(s.lease.Epoch()),
+	if _, err := a.ob.Post("", act, events.WithID(id), events.CausedByID(requested.ID, requested.ID), events.WithEpoch(a.lease.Epoch()),
 		events.At(now.UTC())); err != nil {
-		s.log.Error("operator action not recorded", "verb", req.Verb, "err", err)
+		a.log.Error("operator action not recorded", "verb", req.Verb, "err", err)
 	}
 	for _, f := range after {
 		f()
 	}
-	s.log.Info("operator action", "verb", req.Verb, "operator", req.Operator, "comment", req.Comment, "accepted", accepted,
+	a.log.Info("operator action", "verb", req.Verb, "operator", req.Operator, "comment", req.Comment, "accepted", accepted,
 		"outcome", msg, "event_id", id, "requested_id", requested.ID)
 	return events.OperatorReply{Accepted: accepted, Message: msg, EventID: id}
 }
 
 // holdLeaders starts a hold, replacing one in force (whose start it keeps
 // as HeldSince). It returns the posts to make once the outcome is recorded.
-func (s *Service) holdLeaders(ctx context.Context, req events.OperatorRequest, requestID, actionID string, now time.Time) (bool, string, []func()) {
+func (a *arbiter) holdLeaders(ctx context.Context, req events.OperatorRequest, requestID, actionID string, now time.Time) (bool, string, []func()) {
 	until := req.Until
 	if req.ForMS != 0 {
 		until = now.Add(time.Duration(req.ForMS) * time.Millisecond)
@@ -139,7 +139,7 @@ func (s *Service) holdLeaders(ctx context.Context, req events.OperatorRequest, r
 			until.Sub(now).Round(time.Second), events.MaxLeadersHold), nil
 	}
 	if req.Server != "" {
-		if err := s.checkServer(ctx, req.Server); err != nil {
+		if err := a.checkServer(ctx, req.Server); err != nil {
 			return false, err.Error(), nil
 		}
 	}
@@ -147,7 +147,7 @@ func (s *Service) holdLeaders(ctx context.Context, req events.OperatorRequest, r
 	facts := events.LeadersHoldFacts{Operator: req.Operator, Reason: req.Reason, Comment: req.Comment, Server: req.Server,
 		Since: now, Until: until, HeldSince: now, RequestID: requestID, ActionID: actionID}
 	var replaced *events.LeadersHold
-	err := s.updateHold(ctx, func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error) {
+	err := a.updateHold(ctx, func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error) {
 		replaced = nil
 		f := facts
 		if cur.InForce(now) {
@@ -171,20 +171,20 @@ func (s *Service) holdLeaders(ctx context.Context, req events.OperatorRequest, r
 		msg += fmt.Sprintf(" (replacing %s's, held since %s)", replaced.Operator, replaced.HeldSince.UTC().Format(time.RFC3339))
 	}
 	msg += "; fanctl leaders release ends it sooner"
-	epoch := s.lease.Epoch()
+	epoch := a.lease.Epoch()
 	return true, msg, []func(){func() {
 		if replaced != nil {
-			s.postHold(*replaced, uuid.Must(uuid.NewV7()).String(), epoch, now)
+			a.postHold(*replaced, uuid.Must(uuid.NewV7()).String(), epoch, now)
 		}
-		s.postHold(held, heldID, epoch, now)
+		a.postHold(held, heldID, epoch, now)
 	}}
 }
 
 // releaseLeaders ends the hold in force, if any.
-func (s *Service) releaseLeaders(ctx context.Context, req events.OperatorRequest, actionID string, now time.Time) (bool, string, []func()) {
+func (a *arbiter) releaseLeaders(ctx context.Context, req events.OperatorRequest, actionID string, now time.Time) (bool, string, []func()) {
 	endID := uuid.Must(uuid.NewV7()).String()
 	var ended *events.LeadersHold
-	err := s.updateHold(ctx, func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error) {
+	err := a.updateHold(ctx, func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error) {
 		ended = nil
 		if !cur.InForce(now) {
 			return cur, errNoChange
@@ -204,17 +204,17 @@ func (s *Service) releaseLeaders(ctx context.Context, req events.OperatorRequest
 	case err != nil:
 		return false, "the release could not be stored, so the hold stays: " + err.Error(), nil
 	}
-	epoch := s.lease.Epoch()
-	return true, ended.Why + ": the steward keeps the leaders on bus.leader_servers again", []func(){func() { s.postHold(*ended, endID, epoch, now) }}
+	epoch := a.lease.Epoch()
+	return true, ended.Why + ": the steward keeps the leaders on bus.leader_servers again", []func(){func() { a.postHold(*ended, endID, epoch, now) }}
 }
 
 // endHold ends the hold id (its start's event) if it is still in force:
 // at its end (the keeper) or broken (the steward). The record is written
 // first, then the end is recorded, caused by the hold's start.
-func (s *Service) endHold(ctx context.Context, id string, end events.HoldEnd, why string, now time.Time) error {
+func (a *arbiter) endHold(ctx context.Context, id string, end events.HoldEnd, why string, now time.Time) error {
 	endID := uuid.Must(uuid.NewV7()).String()
 	var ended *events.LeadersHold
-	err := s.updateHold(ctx, func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error) {
+	err := a.updateHold(ctx, func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error) {
 		ended = nil
 		if cur.EventID != id || !cur.EndedAt.IsZero() {
 			return cur, errNoChange
@@ -234,7 +234,7 @@ func (s *Service) endHold(ctx context.Context, id string, end events.HoldEnd, wh
 	if err != nil {
 		return err
 	}
-	s.postHold(*ended, endID, s.lease.Epoch(), now)
+	a.postHold(*ended, endID, a.lease.Epoch(), now)
 	return nil
 }
 
@@ -244,14 +244,14 @@ var errNoChange = errors.New("no change")
 // updateHold reads the hold record, lets change make the next one and
 // writes it only if nobody wrote it meanwhile (the keeper, the steward's
 // break and an operator's request run apart), trying a few times.
-func (s *Service) updateHold(ctx context.Context, change func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error)) error {
-	key := events.LeadersHoldKey(s.cfg.Cluster)
+func (a *arbiter) updateHold(ctx context.Context, change func(cur events.LeadersHoldRecord) (events.LeadersHoldRecord, error)) error {
+	key := events.LeadersHoldKey(a.cfg.Cluster)
 	var last error
 	for range 3 {
 		wctx, cancel := context.WithTimeout(ctx, holdWriteTimeout)
 		var cur events.LeadersHoldRecord
 		var rev uint64
-		e, err := s.kv.Get(wctx, key)
+		e, err := a.kv.Get(wctx, key)
 		switch {
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		case err != nil:
@@ -274,13 +274,13 @@ func (s *Service) updateHold(ctx context.Context, change func(cur events.Leaders
 			return err
 		}
 		if rev == 0 {
-			_, err = s.kv.Create(wctx, key, b)
+			_, err = a.kv.Create(wctx, key, b)
 		} else {
-			_, err = s.kv.Update(wctx, key, b, rev)
+			_, err = a.kv.Update(wctx, key, b, rev)
 		}
 		cancel()
 		if err == nil {
-			s.hold.onKey(key, b, false, 0) // seen at once, not a watch later
+			a.hold.onKey(key, b, false, 0) // seen at once, not a watch later
 			return nil
 		}
 		last = err
@@ -296,9 +296,9 @@ func isWrongLastSequence(err error) bool {
 	return errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence
 }
 
-func (s *Service) postHold(h events.LeadersHold, id string, epoch uint64, at time.Time) {
-	if _, err := s.ob.Post("", h, events.WithID(id), events.CausedByID(h.CausedBy[0], ""), events.WithEpoch(epoch), events.At(at.UTC())); err != nil {
-		s.log.Error("leaders hold not recorded", "stage", h.Stage, "end", h.End, "err", err)
+func (a *arbiter) postHold(h events.LeadersHold, id string, epoch uint64, at time.Time) {
+	if _, err := a.ob.Post("", h, events.WithID(id), events.CausedByID(h.CausedBy[0], ""), events.WithEpoch(epoch), events.At(at.UTC())); err != nil {
+		a.log.Error("leaders hold not recorded", "stage", h.Stage, "end", h.End, "err", err)
 	}
 }
 
@@ -318,13 +318,13 @@ func describeHold(f events.LeadersHoldFacts) string {
 // checkServer refuses a hold's server that the steward could not keep the
 // leaders on: none runs (bus.leader_servers is empty), or the server is not
 // a peer of the command stream (a typo, or a server of another cluster).
-func (s *Service) checkServer(ctx context.Context, server string) error {
-	if len(s.cfg.Bus.LeaderServers) == 0 {
+func (a *arbiter) checkServer(ctx context.Context, server string) error {
+	if len(a.cfg.Bus.LeaderServers) == 0 {
 		return fmt.Errorf("this arbiter keeps no leaders in place (bus.leader_servers is empty), so none can be kept on %s: hold without a server", server)
 	}
 	ictx, cancel := context.WithTimeout(ctx, holdWriteTimeout)
 	defer cancel()
-	st, err := s.bus.JS.Stream(ictx, events.CommandsStream)
+	st, err := a.bus.JS.Stream(ictx, events.CommandsStream)
 	if err != nil {
 		return fmt.Errorf("cannot read the command stream's peers to check %s: %w", server, err)
 	}
@@ -347,7 +347,7 @@ func (s *Service) checkServer(ctx context.Context, server string) error {
 }
 
 // runHoldKeeper ends the hold at its end, on the replica that commands.
-func (s *Service) runHoldKeeper(ctx context.Context) {
+func (a *arbiter) runHoldKeeper(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	for {
@@ -355,28 +355,28 @@ func (s *Service) runHoldKeeper(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case now := <-t.C:
-			r := s.hold.get()
-			if r.EventID == "" || !r.EndedAt.IsZero() || now.Before(r.Until) || !s.lease.Leading() {
+			r := a.hold.get()
+			if r.EventID == "" || !r.EndedAt.IsZero() || now.Before(r.Until) || !a.lease.Leading() {
 				continue
 			}
-			if err := s.endHold(ctx, r.EventID, events.HoldExpired, "ended at its end", now); err != nil {
-				s.log.Warn("leaders hold: could not record its end; trying again", "hold", r.EventID, "err", err)
+			if err := a.endHold(ctx, r.EventID, events.HoldExpired, "ended at its end", now); err != nil {
+				a.log.Warn("leaders hold: could not record its end; trying again", "hold", r.EventID, "err", err)
 			}
 		}
 	}
 }
 
 // breakHold is the steward's Break: the hold ends now, and says why.
-func (s *Service) breakHold(ctx context.Context, id, why string) {
+func (a *arbiter) breakHold(ctx context.Context, id, why string) {
 	// The steward obeys the hold no more from now on; the record follows,
 	// and is tried again by the keeper's next pass if the bucket is away.
 	go func() {
 		for attempt := 0; ctx.Err() == nil; attempt++ {
-			err := s.endHold(ctx, id, events.HoldBroken, "broken by the steward: "+why, time.Now())
+			err := a.endHold(ctx, id, events.HoldBroken, "broken by the steward: "+why, time.Now())
 			if err == nil {
 				return
 			}
-			s.log.Warn("leaders hold: could not record that it broke; trying again", "hold", id, "err", err)
+			a.log.Warn("leaders hold: could not record that it broke; trying again", "hold", id, "err", err)
 			select {
 			case <-ctx.Done():
 			case <-time.After(min(time.Duration(attempt+1)*time.Second, 5*time.Second)):

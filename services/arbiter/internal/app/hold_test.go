@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -12,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -37,9 +39,9 @@ func TestStandbyKeepsTheLeaseWhileHeld(t *testing.T) {
 	}
 }
 
-// holdLab is operatorLab with a handle on the leader's service, for what
+// holdLab is operatorLab with a handle on the leader's arbiter, for what
 // no request can cause (the steward breaking a hold).
-func holdLab(t *testing.T) (*lab, context.Context, func(string, events.OperatorRequest) events.OperatorReply, *Service) {
+func holdLab(t *testing.T) (*lab, context.Context, func(string, events.OperatorRequest) events.OperatorReply, *arbiter) {
 	l := newLab(t, "n1", "n2")
 	l.leaseTTL = operatorLeaseTTL
 	ctx, cancel := context.WithCancel(context.Background())
@@ -49,11 +51,13 @@ func holdLab(t *testing.T) (*lab, context.Context, func(string, events.OperatorR
 	if err != nil {
 		t.Fatal(err)
 	}
+	wired := make(chan *arbiter, 1)
+	svc.wired = func(a *arbiter) { wired <- a }
 	done := make(chan struct{})
 	go func() { _ = svc.Run(ctx); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	l.waitHolder("n1", 10*time.Second)
-	return l, ctx, l.asker(), svc
+	return l, ctx, l.asker(), <-wired
 }
 
 func (l *lab) holdRecord(ctx context.Context) (events.LeadersHoldRecord, bool) {
@@ -100,17 +104,14 @@ func (l *lab) holdEvents(ctx context.Context) []holdEvent {
 // through the outbox, a moment after the reply).
 func (l *lab) waitHoldEvents(ctx context.Context, n int) []holdEvent {
 	l.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		evs := l.holdEvents(ctx)
-		if len(evs) >= n {
-			return evs
+	var evs []holdEvent
+	waittest.Succeeds(l.t, 10*time.Second, fmt.Sprintf("%d leaders hold events in the trail", n), func() error {
+		if evs = l.holdEvents(ctx); len(evs) < n {
+			return fmt.Errorf("%d: %+v", len(evs), evs)
 		}
-		if time.Now().After(deadline) {
-			l.t.Fatalf("%d leaders hold events in the trail, want %d: %+v", len(evs), n, evs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return evs
 }
 
 // TestLeadersHold: an operator holds the leaders, holds them again (the
@@ -227,8 +228,8 @@ func TestLeadersHoldWritesDoNotRace(t *testing.T) {
 		ask("bob", events.OperatorRequest{Verb: events.OpLeadersHold, ForMS: (2 * time.Hour).Milliseconds()})
 	})
 	wg.Wait()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Broken then replaced, or replaced (and the break found nothing to end).
+	waittest.Succeeds(t, 10*time.Second, "alice's hold ended once and bob's in force", func() error {
 		evs := l.holdEvents(ctx)
 		ends := 0
 		for _, e := range evs {
@@ -241,14 +242,11 @@ func TestLeadersHoldWritesDoNotRace(t *testing.T) {
 		}
 		r, _ := l.holdRecord(ctx)
 		if ends == 1 && r.Operator == "bob" && r.InForce(time.Now()) {
-			return // broken then replaced, or replaced (and the break found nothing to end)
+			return nil
 		}
 		if ends == 1 && r.Operator == "bob" {
 			t.Fatalf("bob's hold is not in force: %+v", r)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("record %+v, events %+v", r, evs)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return fmt.Errorf("record %+v, events %+v", r, evs)
+	})
 }

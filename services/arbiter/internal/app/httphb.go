@@ -18,13 +18,13 @@ import (
 // serveHeartbeats starts the HTTP heartbeat endpoint. Every replica serves
 // it: a heartbeat only becomes an event on the bus, which the leader's
 // registry and core consume like a prober's.
-func (s *Service) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter, metrics prometheus.Registerer) (func(), error) {
+func (a *arbiter) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter, metrics prometheus.Registerer) (func(), error) {
 	h := httphb.New(httphb.Config{Token: hh.Token, NodeTokens: hh.NodeTokens, Nodes: hh.Nodes, MaxBody: hh.MaxBody, Interval: hh.Interval.D(),
 		Rate: hh.RateLimit.PerSecond, Burst: hh.RateLimit.Burst, MaxSources: hh.RateLimit.MaxSources, Metrics: metrics},
-		emit, s.listRegistry, s.log)
+		emit, a.listRegistry, a.log)
 	var certs *httphb.CertFiles
 	if hh.TLS.Cert != "" {
-		c, err := httphb.LoadCertFiles(hh.TLS.Cert, hh.TLS.Key, s.log)
+		c, err := httphb.LoadCertFiles(hh.TLS.Cert, hh.TLS.Key, a.log)
 		if err != nil {
 			return nil, err
 		}
@@ -44,10 +44,10 @@ func (s *Service) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter, m
 	}
 	go func() {
 		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			s.log.Error("http heartbeat endpoint stopped", "err", err)
+			a.log.Error("http heartbeat endpoint stopped", "err", err)
 		}
 	}()
-	s.log.Info("http heartbeat endpoint listening", "addr", ln.Addr().String(), "nodes", hh.Nodes, "tls", certs != nil)
+	a.log.Info("http heartbeat endpoint listening", "addr", ln.Addr().String(), "nodes", hh.Nodes, "tls", certs != nil)
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
@@ -56,14 +56,14 @@ func (s *Service) serveHeartbeats(hh HTTPHeartbeatConfig, emit httphb.Emitter, m
 }
 
 // listRegistry reads every registry record of the cluster.
-func (s *Service) listRegistry(ctx context.Context) ([]events.NodeRecord, error) {
-	l, err := s.kv.ListKeysFiltered(ctx, events.AllRegistryKeys(s.cfg.Cluster))
+func (a *arbiter) listRegistry(ctx context.Context) ([]events.NodeRecord, error) {
+	l, err := a.kv.ListKeysFiltered(ctx, events.AllRegistryKeys(a.cfg.Cluster))
 	if err != nil {
 		return nil, err
 	}
 	var out []events.NodeRecord
 	for k := range l.Keys() {
-		e, err := s.kv.Get(ctx, k)
+		e, err := a.kv.Get(ctx, k)
 		if errors.Is(err, jetstream.ErrKeyNotFound) {
 			continue
 		}

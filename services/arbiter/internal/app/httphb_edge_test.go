@@ -12,6 +12,8 @@ import (
 	"encoding/pem"
 	"errors"
 	"github.com/fanpbx/fan/pkg/platform/logtest"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"io"
 	"log/slog"
 	"math/big"
@@ -70,7 +72,7 @@ func TestHTTPHeartbeatEdge(t *testing.T) {
 	dir := t.TempDir()
 	certFile, keyFile := filepath.Join(dir, "hb.crt"), filepath.Join(dir, "hb.key")
 	first := writeCert(t, certFile, keyFile, 1)
-	addr, metricsAddr := freeAddr(t), freeAddr(t)
+	addr, metricsAddr := porttest.Addr(t), porttest.Addr(t)
 	cfg := l.cfg("ctlA")
 	cfg.HTTPListen = metricsAddr
 	cfg.HTTPHeartbeat = HTTPHeartbeatConfig{Listen: addr, Token: testToken, Nodes: []string{"legacy1"},
@@ -114,7 +116,7 @@ func TestHTTPHeartbeatEdge(t *testing.T) {
 		return resp.StatusCode, nil
 	}
 	a := client("127.0.0.1", first)
-	waitFor(t, 10*time.Second, "the endpoint to answer", func() bool {
+	waittest.Until(t, 10*time.Second, "the endpoint to answer", func() bool {
 		code, err := post(a, "Bearer "+testToken)
 		return err == nil && code == http.StatusAccepted
 	})
@@ -182,7 +184,7 @@ func TestHTTPHeartbeatEdge(t *testing.T) {
 		}
 		held = append(held, c)
 	}
-	waitFor(t, 5*time.Second, "the fourth held connection closed by the server", func() bool {
+	waittest.Until(t, 5*time.Second, "the fourth held connection closed by the server", func() bool {
 		_ = held[3].SetReadDeadline(time.Now().Add(50 * time.Millisecond))
 		_, err := held[3].Read(make([]byte, 1))
 		return errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)
@@ -195,7 +197,7 @@ func TestHTTPHeartbeatEdge(t *testing.T) {
 	// (checked at most once a second).
 	second := writeCert(t, certFile, keyFile, 2)
 	b := client("127.0.0.4", second)
-	waitFor(t, 10*time.Second, "the renewed certificate", func() bool {
+	waittest.Until(t, 10*time.Second, "the renewed certificate", func() bool {
 		code, err := post(b, "Bearer "+testToken)
 		return err == nil && code == http.StatusAccepted
 	})

@@ -17,6 +17,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
 	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
@@ -42,7 +43,7 @@ func tokenFile(t *testing.T, tok string) string {
 // node.heartbeat that the leader's registry records, which GET lists.
 func TestHTTPHeartbeat(t *testing.T) {
 	l := newLab(t, "n1", "n2")
-	addr := freeAddr(t)
+	addr := porttest.Addr(t)
 	cfg := l.cfg("ctlA")
 	// Every case comes from one address: a rate limit above them all
 	// (TestHTTPHeartbeatEdge attacks the limit).
@@ -76,29 +77,20 @@ func TestHTTPHeartbeat(t *testing.T) {
 	base := "http://" + addr
 	do := func(method, path, token, ctype, body string) (int, string) {
 		t.Helper()
-		req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
-		if token != "" {
-			req.Header.Set("Authorization", "Bearer "+token)
-		}
-		if ctype != "" {
-			req.Header.Set("Content-Type", ctype)
-		}
 		var resp *http.Response
-		deadline := time.Now().Add(10 * time.Second)
-		for {
-			resp, err = http.DefaultClient.Do(req)
-			if err == nil || time.Now().After(deadline) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond) // the arbiter is still starting
-			req, _ = http.NewRequest(method, base+path, strings.NewReader(body))
+		// The arbiter may still be starting.
+		waittest.Succeeds(t, 10*time.Second, method+" "+path+" answered", func() error {
+			req, _ := http.NewRequest(method, base+path, strings.NewReader(body))
 			if token != "" {
 				req.Header.Set("Authorization", "Bearer "+token)
 			}
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
+			if ctype != "" {
+				req.Header.Set("Content-Type", ctype)
+			}
+			var err error
+			resp, err = http.DefaultClient.Do(req)
+			return err
+		})
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
 		return resp.StatusCode, string(b)
@@ -152,12 +144,12 @@ func TestHTTPHeartbeat(t *testing.T) {
 	}
 	// The good heartbeat is on the bus, and it is the only one: every
 	// refused request published nothing.
-	waitFor(t, 10*time.Second, "the heartbeat on the bus", func() bool {
+	waittest.Until(t, 10*time.Second, "the heartbeat on the bus", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return len(beats) > 0
 	})
-	waitFor(t, 10*time.Second, "legacy2's heartbeat on the bus", func() bool {
+	waittest.Until(t, 10*time.Second, "legacy2's heartbeat on the bus", func() bool {
 		mu.Lock()
 		defer mu.Unlock()
 		return slices.ContainsFunc(beats, func(hb *events.NodeHeartbeat) bool { return hb.Node == "legacy2" })
@@ -181,7 +173,7 @@ func TestHTTPHeartbeat(t *testing.T) {
 		t.Fatalf("heartbeats of legacy1 on the bus: %+v", legacy)
 	}
 	// The leader's registry records it; GET lists it.
-	waitFor(t, 10*time.Second, "legacy1 in GET /api/servers", func() bool {
+	waittest.Until(t, 10*time.Second, "legacy1 in GET /api/servers", func() bool {
 		code, body := do("GET", "/api/servers", testToken, "", "")
 		var r struct{ Servers []events.NodeRecord }
 		if code != 200 || json.Unmarshal([]byte(body), &r) != nil {
@@ -194,11 +186,6 @@ func TestHTTPHeartbeat(t *testing.T) {
 		}
 		return false
 	})
-}
-
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	waittest.Until(t, within, what, cond)
 }
 
 func TestHTTPHeartbeatConfig(t *testing.T) {

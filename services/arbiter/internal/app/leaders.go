@@ -26,14 +26,14 @@ func (s *Service) connectSystem() *nats.Conn {
 // no leader servers configured it starts nothing. Without a system account
 // (sys nil) only the meta group's placement is lost: the streams and
 // consumers are still kept.
-func (s *Service) runSteward(ctx context.Context, rt *daemon.Runtime, sys *nats.Conn) (wait func()) {
-	bc := s.cfg.Bus
+func (a *arbiter) runSteward(ctx context.Context, rt *daemon.Runtime, sys *nats.Conn) (wait func()) {
+	bc := a.cfg.Bus
 	if len(bc.LeaderServers) == 0 {
 		return func() {}
 	}
-	st := steward.New(steward.Config{LeaderServers: bc.LeaderServers, Streams: bus.Streams(), Leading: s.lease.Leading,
-		Hold: s.hold.forSteward, Trouble: s.trouble.String, Break: func(id, why string) { s.breakHold(ctx, id, why) }},
-		rt.Bus.NC, rt.Bus.JS, sys, s.log)
+	st := steward.New(steward.Config{LeaderServers: bc.LeaderServers, Streams: bus.Streams(), Leading: a.lease.Leading,
+		Hold: a.hold.forSteward, Trouble: a.trouble.String, Break: func(id, why string) { a.breakHold(ctx, id, why) }},
+		rt.Bus.NC, rt.Bus.JS, sys, a.log)
 	for _, c := range st.Collectors() {
 		_ = rt.Metrics.Register(c)
 	}
@@ -41,7 +41,7 @@ func (s *Service) runSteward(ctx context.Context, rt *daemon.Runtime, sys *nats.
 	go func() {
 		defer close(done)
 		if err := st.Run(ctx); err != nil {
-			s.log.Error("leader steward stopped", "err", err)
+			a.log.Error("leader steward stopped", "err", err)
 		}
 	}()
 	return func() { <-done }

@@ -6,34 +6,30 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/daemon"
 	"github.com/fanpbx/fan/services/arbiter/internal/lease"
 	"github.com/fanpbx/fan/services/arbiter/internal/notify"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
-// runNotify adds the notify hooks to the run group when any is configured.
-// They read the audit stream through a watch of their own and run only
-// while this replica holds the lease (see notify.Notifier): nothing the
-// decision loop does waits for them.
-func (s *Service) runNotify(ctx context.Context, g *daemon.Group, rt *daemon.Runtime, l *lease.Lease) error {
+// newNotifier makes the notify hooks' notifier, nil when none is
+// configured. It reads the audit stream through a watch of its own and
+// runs only while this replica holds the lease (see notify.Notifier):
+// nothing the decision loop does waits for it.
+func (s *Service) newNotifier(ctx context.Context, kv jetstream.KeyValue, l *lease.Lease, metrics prometheus.Registerer) (*notify.Notifier, error) {
 	if len(s.cfg.Notify.Hooks) == 0 {
-		return nil
+		return nil, nil
 	}
 	groups := s.cfg.notifyGroups()
 	// Best effort, and bounded as a whole: without it the claim or the
 	// decision names the previous holder.
 	kctx, cancel := context.WithTimeout(ctx, time.Second)
 	for i := range groups {
-		groups[i].Holder = s.knownHolder(kctx, groups[i].Name)
+		groups[i].Holder = knownHolder(kctx, kv, s.cfg.Cluster, groups[i].Name)
 	}
 	cancel()
-	n, err := notify.New(s.cfg.Notify, notify.Options{Cluster: s.cfg.Cluster, Agent: "fan-arbiter/" + s.version,
-		Groups: groups, Leading: l.Leading, Log: s.log, Metrics: rt.Metrics})
-	if err != nil {
-		return err
-	}
-	g.Go("notify", func(ctx context.Context) error { return n.Run(ctx, rt.Bus.Watch) })
-	return nil
+	return notify.New(s.cfg.Notify, notify.Options{Cluster: s.cfg.Cluster, Agent: "fan-arbiter/" + s.version,
+		Groups: groups, Leading: l.Leading, Log: s.log, Metrics: metrics})
 }
 
 // notifyGroups tells the notifier which checks each group decides on.
@@ -54,8 +50,8 @@ func (c *Config) notifyGroups() []notify.Group {
 
 // knownHolder is the holder the group status names, so that the first
 // holder change told after a start names the previous holder.
-func (s *Service) knownHolder(ctx context.Context, group string) string {
-	e, err := s.kv.Get(ctx, events.GroupStatusKey(s.cfg.Cluster, group))
+func knownHolder(ctx context.Context, kv jetstream.KeyValue, cluster, group string) string {
+	e, err := kv.Get(ctx, events.GroupStatusKey(cluster, group))
 	if err != nil {
 		return ""
 	}

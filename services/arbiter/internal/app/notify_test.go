@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/arbiter/internal/notify"
 )
 
@@ -47,16 +48,16 @@ func TestHungNotifyHookNeverDelaysAFailover(t *testing.T) {
 	})
 	l.waitHolder("n1", 10*time.Second)
 	told := func() []notify.Event { return recorded(filepath.Join(dir, "events")) }
-	waitFor(t, 10*time.Second, "placement told", func() bool { return len(told()) == 1 })
+	waittest.Until(t, 10*time.Second, "placement told", func() bool { return len(told()) == 1 })
 	pids := func() []string {
 		b, _ := os.ReadFile(filepath.Join(dir, "pids"))
 		return strings.Fields(string(b))
 	}
-	waitFor(t, 10*time.Second, "the hung hook inside its first event", func() bool { return len(pids()) == 1 })
+	waittest.Until(t, 10*time.Second, "the hung hook inside its first event", func() bool { return len(pids()) == 1 })
 
 	l.setPBX("n1", false)
 	l.waitHolder("n2", 15*time.Second)
-	waitFor(t, 10*time.Second, "failover told", func() bool { return len(told()) == 2 })
+	waittest.Until(t, 10*time.Second, "failover told", func() bool { return len(told()) == 2 })
 	ev := told()[1]
 	// The decision is stored through the outbox, possibly after the
 	// model executor's instant result: the change waits for its reason.
@@ -123,7 +124,7 @@ func TestNotifyRunsOnTheLeaderAndTheSuccessorCatchesUp(t *testing.T) {
 		}
 		return by, n
 	}
-	waitFor(t, 10*time.Second, "placement and failover told", func() bool { _, n := all(); return n >= 2 })
+	waittest.Until(t, 10*time.Second, "placement and failover told", func() bool { _, n := all(); return n >= 2 })
 	by, n := all()
 	leader, follower := "ctlA", "ctlB"
 	if len(by["ctlB"]) > 0 {
@@ -133,7 +134,7 @@ func TestNotifyRunsOnTheLeaderAndTheSuccessorCatchesUp(t *testing.T) {
 		t.Fatalf("told %+v: want the placement and the failover, each once, by one replica", by)
 	}
 	stop[leader]()
-	waitFor(t, 20*time.Second, "the successor catching up", func() bool { return len(recorded(filepath.Join(dir, follower))) >= 2 })
+	waittest.Until(t, 20*time.Second, "the successor catching up", func() bool { return len(recorded(filepath.Join(dir, follower))) >= 2 })
 	again := recorded(filepath.Join(dir, follower))
 	for i, ev := range by[leader] {
 		if again[i].ID != ev.ID || again[i].Holder != ev.Holder {

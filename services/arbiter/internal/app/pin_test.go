@@ -12,6 +12,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon/metricstest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestSwitchoverStaysThroughAWindowAndANewLeader: a switchover pins its
@@ -61,7 +62,7 @@ func TestSwitchoverStaysThroughAWindowAndANewLeader(t *testing.T) {
 		}
 		return st
 	}
-	waitFor(t, 10*time.Second, "the pin in the group status", func() bool {
+	waittest.Until(t, 10*time.Second, "the pin in the group status", func() bool {
 		st := status()
 		return st.Pin != nil && st.Pin.Node == "n2" && st.Pin.Operator == "alice" && st.Pin.Until.Sub(st.Pin.Since) == 2*time.Hour
 	})
@@ -71,13 +72,13 @@ func TestSwitchoverStaysThroughAWindowAndANewLeader(t *testing.T) {
 
 	// The window is open, n1 is the preferred node and healthy: without the
 	// pin it would fail back within seconds.
-	time.Sleep(3 * time.Second)
+	l.tickedPast(time.Now().Add(3 * time.Second))
 	if h := l.holding(); len(h) != 1 || h[0] != "n2" {
 		t.Fatalf("holders %v inside the window, want the pinned n2", h)
 	}
 	stopA()
 	metricstest.WaitFor(t, addrB, "fan_arbiter_leader", metricstest.Is(1), 15*time.Second)
-	time.Sleep(3 * time.Second)
+	l.tickedPast(time.Now().Add(3 * time.Second))
 	if h := l.holding(); len(h) != 1 || h[0] != "n2" {
 		t.Fatalf("holders %v after the new leader took over, want the pinned n2", h)
 	}

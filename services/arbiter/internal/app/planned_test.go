@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
 )
 
@@ -87,17 +89,13 @@ func newPlannedLab(t *testing.T, arbiters ...string) *plannedLab {
 	}
 	l.waitHolder("n1", 10*time.Second)
 	// n1's prober has asked the AMI peer: its count is in the trail.
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if p.find(events.TypeNodeHeartbeat, func(env events.Envelope) bool {
+	waittest.Until(t, 10*time.Second, "n1's heartbeats reporting the AMI peer's channels", func() bool {
+		return p.find(events.TypeNodeHeartbeat, func(env events.Envelope) bool {
 			var hb events.NodeHeartbeat
 			return json.Unmarshal(env.Data, &hb) == nil && hb.Node == "n1" && hb.ActiveChannels != nil && *hb.ActiveChannels == oneCall.Channels
-		}) != nil {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("n1's heartbeats never reported the AMI peer's channels")
-		}
-	}
+		}) != nil
+	})
+	return p
 }
 
 func (p *plannedLab) ask(op string, req events.OperatorRequest) events.OperatorReply {
@@ -118,15 +116,27 @@ func (p *plannedLab) ask(op string, req events.OperatorRequest) events.OperatorR
 // its first verdict may still be on its way), and wants it accepted.
 func (p *plannedLab) askSwitchover(op string, req events.OperatorRequest, inReply string) events.OperatorReply {
 	p.t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		rep := p.ask(op, req)
-		if rep.Accepted || !strings.Contains(rep.Message, "never heard") || time.Now().After(deadline) {
-			if !rep.Accepted || !strings.Contains(rep.Message, inReply) {
-				p.t.Fatalf("switchover %+v: reply %+v, want accepted saying %q", req, rep, inReply)
-			}
-			return rep
-		}
+	rep := heardSwitchover(p.t, func() events.OperatorReply { return p.ask(op, req) })
+	if !rep.Accepted || !strings.Contains(rep.Message, inReply) {
+		p.t.Fatalf("switchover %+v: reply %+v, want accepted saying %q", req, rep, inReply)
 	}
+	return rep
+}
+
+// heardSwitchover asks for a switchover until the reply is other than
+// that the leader has never heard the node (its first verdict may still be
+// on its way on a loaded machine), and returns that reply.
+func heardSwitchover(t testing.TB, ask func() events.OperatorReply) events.OperatorReply {
+	t.Helper()
+	var rep events.OperatorReply
+	waittest.Succeeds(t, 10*time.Second, "a leader that has heard the node", func() error {
+		rep = ask()
+		if !rep.Accepted && strings.Contains(rep.Message, "never heard") {
+			return fmt.Errorf("reply %+v", rep)
+		}
+		return nil
+	})
+	return rep
 }
 
 // status reads the group's status as fanctl status does.
@@ -145,17 +155,14 @@ func (p *plannedLab) status() events.GroupStatus {
 
 func (p *plannedLab) waitStatus(what string, ok func(events.GroupStatus) bool) events.GroupStatus {
 	p.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		st := p.status()
-		if ok(st) {
-			return st
+	var st events.GroupStatus
+	waittest.Succeeds(p.t, 10*time.Second, "status showing "+what, func() error {
+		if st = p.status(); !ok(st) {
+			return fmt.Errorf("status %+v (planned %+v)", st, st.Planned)
 		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("status never showed %s: %+v (planned %+v)", what, st, st.Planned)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
+	return st
 }
 
 type stage struct {
@@ -178,18 +185,18 @@ func (p *plannedLab) stages() []stage {
 
 func (p *plannedLab) waitStage(s events.PlannedStage) stage {
 	p.t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		for _, st := range p.stages() {
+	var found stage
+	waittest.Succeeds(p.t, 10*time.Second, fmt.Sprintf("a %s stage in the trail", s), func() error {
+		stages := p.stages()
+		for _, st := range stages {
 			if st.pm.Stage == s {
-				return st
+				found = st
+				return nil
 			}
 		}
-		if time.Now().After(deadline) {
-			p.t.Fatalf("no %s stage in the trail: %+v", s, p.stages())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return fmt.Errorf("stages %+v", stages)
+	})
+	return found
 }
 
 func (p *plannedLab) find(typ events.Type, match func(events.Envelope) bool) *events.Envelope {
@@ -342,7 +349,7 @@ func TestPlannedSwitchoverCancel(t *testing.T) {
 	// three times (heartbeats every 200 ms).
 	p.peer.SetFigures(amipeer.Figures{})
 	drained := time.Now()
-	waitFor(t, 15*time.Second, "three heartbeats of n1 with no calls", func() bool {
+	waittest.Until(t, 15*time.Second, "three heartbeats of n1 with no calls", func() bool {
 		seen := 0
 		for _, env := range p.trail(p.ctx) {
 			var hb events.NodeHeartbeat

@@ -61,15 +61,15 @@ func newArbiterMetrics(r prometheus.Registerer) *arbiterMetrics {
 // record alone held is lost: an outstanding claim (its result is then
 // ignored), the move history of the flap cap, the last permit (the
 // scheduler restates it). The next persist overwrites the corrupt record.
-func (s *Service) rebuild(ctx context.Context, corrupt error) (decide.State, error) {
-	st := decide.State{Cluster: s.cfg.Cluster}
-	for _, g := range s.cfg.Groups {
+func (a *arbiter) rebuild(ctx context.Context, corrupt error) (decide.State, error) {
+	st := decide.State{Cluster: a.cfg.Cluster}
+	for _, g := range a.cfg.Groups {
 		gs := decide.GroupState{Name: g.Name}
 		freeze := func(why string) {
 			gs.Maintenance = "arbiter state was corrupt and rebuilt from group status; " + why + ": check the group, then unfreeze it"
 		}
 		// Through the leader, as the state itself (restore).
-		raw, err := s.bus.LeaderGetKV(ctx, events.StateBucket, events.GroupStatusKey(s.cfg.Cluster, g.Name))
+		raw, err := a.bus.LeaderGetKV(ctx, events.StateBucket, events.GroupStatusKey(a.cfg.Cluster, g.Name))
 		switch {
 		case err == nil && raw == nil:
 			freeze("no group status")
@@ -82,7 +82,7 @@ func (s *Service) rebuild(ctx context.Context, corrupt error) (decide.State, err
 				freeze("group status unreadable")
 				break
 			}
-			s.log.Debug("rebuild: group status", "group", g.Name, "status", string(raw))
+			a.log.Debug("rebuild: group status", "group", g.Name, "status", string(raw))
 			if slices.Contains(g.Nodes, gst.Holder) {
 				gs.Holder, gs.LastMove = gst.Holder, gst.Since
 			}
@@ -105,13 +105,13 @@ func (s *Service) rebuild(ctx context.Context, corrupt error) (decide.State, err
 		}
 		st.Groups = append(st.Groups, gs)
 	}
-	if err := s.core.Restore(st); err != nil {
+	if err := a.core.Restore(st); err != nil {
 		return st, fmt.Errorf("%w; rebuilding: %w", corrupt, err)
 	}
-	s.metrics.corrupt.Inc()
-	s.log.Error("arbiter state record corrupt: rebuilt from group status", "err", corrupt, "groups", len(st.Groups))
+	a.metrics.corrupt.Inc()
+	a.log.Error("arbiter state record corrupt: rebuilt from group status", "err", corrupt, "groups", len(st.Groups))
 	for _, g := range st.Groups {
-		s.log.Warn("rebuilt group", "group", g.Name, "holder", g.Holder, "frozen", g.Maintenance)
+		a.log.Warn("rebuilt group", "group", g.Name, "holder", g.Holder, "frozen", g.Maintenance)
 	}
 	return st, nil
 }

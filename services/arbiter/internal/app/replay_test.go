@@ -12,6 +12,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/arbiter/internal/replay"
 )
 
@@ -43,7 +44,7 @@ func TestReplay(t *testing.T) {
 	l.waitHolder("n1", 15*time.Second)
 	// Once the failback's claim is confirmed the arbiter has nothing left
 	// to decide; stopping it ends the recording.
-	waitFor(t, 10*time.Second, "the failback's claim result", func() bool {
+	waittest.Until(t, 10*time.Second, "the failback's claim result", func() bool {
 		return slices.ContainsFunc(l.records(ctx), func(r replay.Record) bool {
 			res, ok := r.Payload.(*events.CommandResult)
 			return ok && res.Node == "n1" && res.CommandType == events.TypeClaimIP && res.Outcome == events.OutcomeApplied &&
@@ -62,7 +63,7 @@ func TestReplay(t *testing.T) {
 		}
 	}
 	l.waitHolder("n2", 10*time.Second)
-	waitFor(t, 10*time.Second, "the switchover's claim confirmed", func() bool {
+	waittest.Until(t, 10*time.Second, "the switchover's claim confirmed", func() bool {
 		rep := ask("alice", events.OperatorRequest{Verb: events.OpSwitchover, Group: "pbx", Node: "n2", Reason: "again"})
 		return !rep.Accepted && strings.Contains(rep.Message, "already holds")
 	})
@@ -172,7 +173,7 @@ func TestReplayFromATermStart(t *testing.T) {
 	l.waitHolder("n1", 10*time.Second)
 	stopA()
 	l.arbiter("ctlB")
-	waitFor(t, 10*time.Second, "ctlB's term", func() bool {
+	waittest.Until(t, 10*time.Second, "ctlB's term", func() bool {
 		return slices.ContainsFunc(l.records(ctx), func(r replay.Record) bool {
 			_, ok := r.Payload.(*events.ArbiterTerm)
 			return ok && r.Env.Source.Node == "ctlB"
@@ -180,7 +181,7 @@ func TestReplayFromATermStart(t *testing.T) {
 	})
 	l.setPBX("n1", false)
 	l.waitHolder("n2", 10*time.Second)
-	waitFor(t, 10*time.Second, "the failover's claim confirmed", func() bool {
+	waittest.Until(t, 10*time.Second, "the failover's claim confirmed", func() bool {
 		return slices.ContainsFunc(l.records(ctx), func(r replay.Record) bool {
 			res, ok := r.Payload.(*events.CommandResult)
 			return ok && res.Node == "n2" && res.CommandType == events.TypeClaimIP && res.Outcome == events.OutcomeApplied

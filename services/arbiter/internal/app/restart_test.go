@@ -10,6 +10,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
 	"github.com/google/uuid"
 )
@@ -31,20 +32,14 @@ func TestRestartedArbiterKeepsAnAppliedClaim(t *testing.T) {
 	l.nodesUp(ctx)
 	stopA := l.arbiter("ctlA")
 	// Wait until the placement claim is in the trail, then kill the leader.
-	deadline := time.Now().Add(10 * time.Second)
-	for !l.claimIssued(ctx, "n1") {
-		if time.Now().After(deadline) {
-			t.Fatal("no placement claim for n1")
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	waittest.Until(t, 10*time.Second, "a placement claim for n1", func() bool { return l.claimIssued(ctx, "n1") })
 	stopA()
 	close(gate) // n1 applies the claim; its result lands while no arbiter runs
 	l.waitHolder("n1", 10*time.Second)
 	time.Sleep(1500 * time.Millisecond) // the dead leader's lease expires
 
 	l.arbiter("ctlB")
-	time.Sleep(l.claimTimeout + time.Second) // longer than the claim timeout
+	l.tickedPast(time.Now().Add(l.claimTimeout + time.Second)) // past the claim timeout
 	if h := l.holding(); len(h) != 1 || h[0] != "n1" {
 		t.Fatalf("holders %v after the restart, want n1 kept", h)
 	}

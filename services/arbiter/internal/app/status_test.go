@@ -11,6 +11,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // The status writer stores the newest status posted for each group (an
@@ -46,7 +47,7 @@ func TestStatusWriter(t *testing.T) {
 	done := make(chan struct{})
 	go func() { w.run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
-	waitFor(t, 10*time.Second, "groups a and c stored", func() bool {
+	waittest.Until(t, 10*time.Second, "groups a and c stored", func() bool {
 		a, _ := read("a")
 		c, _ := read("c")
 		return a.Holder != "" && c.Holder == "n4"
@@ -58,7 +59,7 @@ func TestStatusWriter(t *testing.T) {
 	epoch.Store(3)
 	w.post(events.GroupStatus{Group: "c", Holder: "n5", Epoch: 2})
 	w.post(events.GroupStatus{Group: "d", Holder: "n6", Epoch: 3})
-	waitFor(t, 10*time.Second, "group d stored", func() bool { d, _ := read("d"); return d.Holder == "n6" })
+	waittest.Until(t, 10*time.Second, "group d stored", func() bool { d, _ := read("d"); return d.Holder == "n6" })
 	if b, _ := read("b"); b.Holder != "" {
 		t.Errorf("group b written from an older term: %+v", b)
 	}

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"strings"
@@ -17,18 +16,10 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go/jetstream"
 )
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 func httpGet(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -55,7 +46,7 @@ func TestUnreadableStateReleasesTheLease(t *testing.T) {
 	stopA := l.arbiter("ctlA")
 	l.waitHolder("n1", 10*time.Second)
 
-	addr := freeAddr(t)
+	addr := porttest.Addr(t)
 	const within = 400 * time.Millisecond
 	l.arbiterWith("ctlB", func(c *Config) { c.HTTPListen = addr; c.RestoreWithin = config.Duration(within) })
 	b := bustest.Connect(t, l.s, bus.Identity{Cluster: "lab", Service: "test", Node: "chaos"})
@@ -63,7 +54,7 @@ func TestUnreadableStateReleasesTheLease(t *testing.T) {
 	// has opened the state bucket; its decision loop turns only after.
 	// Deleting the bucket in between made ctlB's start fail (and nothing
 	// restarts it here, as systemd would): wait for the loop.
-	waitFor(t, 10*time.Second, "ctlB up", func() bool {
+	waittest.Until(t, 10*time.Second, "ctlB up", func() bool {
 		code, _ := httpGet(t, "http://"+addr+"/healthz")
 		_, m := httpGet(t, "http://"+addr+"/metrics")
 		return code == 200 && strings.Contains(m, `fan_loop_silent_seconds{loop="decide"}`)
@@ -99,7 +90,7 @@ func TestUnreadableStateReleasesTheLease(t *testing.T) {
 		return string(m.Data), true
 	}
 	var acquired time.Time
-	waitFor(t, 10*time.Second, "ctlB to take the lease", func() bool {
+	waittest.Until(t, 10*time.Second, "ctlB to take the lease", func() bool {
 		h, ok := holder()
 		if ok && strings.Contains(h, `"holder":"ctlB/`) {
 			acquired = time.Now()
@@ -108,7 +99,7 @@ func TestUnreadableStateReleasesTheLease(t *testing.T) {
 		return false
 	})
 	var saw503 bool
-	waitFor(t, 10*time.Second, "ctlB to release the lease", func() bool {
+	waittest.Until(t, 10*time.Second, "ctlB to release the lease", func() bool {
 		if code, body := httpGet(t, "http://"+addr+"/healthz"); code == http.StatusServiceUnavailable && strings.Contains(body, "restore_failed") {
 			saw503 = true
 		}
@@ -140,7 +131,7 @@ func TestUnreadableStateReleasesTheLease(t *testing.T) {
 	if _, err := kv.Put(ctx, events.ArbiterStateKey("lab"), saved.Value()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 15*time.Second, "ctlB to command (group status written)", func() bool {
+	waittest.Until(t, 15*time.Second, "ctlB to command (group status written)", func() bool {
 		e, err := kv.Get(ctx, events.GroupStatusKey("lab", "pbx"))
 		if err != nil {
 			return false
@@ -148,7 +139,7 @@ func TestUnreadableStateReleasesTheLease(t *testing.T) {
 		var st events.GroupStatus
 		return json.Unmarshal(e.Value(), &st) == nil && st.Holder == "n1"
 	})
-	waitFor(t, 10*time.Second, "/healthz 200 again", func() bool { code, _ := httpGet(t, "http://"+addr+"/healthz"); return code == 200 })
+	waittest.Until(t, 10*time.Second, "/healthz 200 again", func() bool { code, _ := httpGet(t, "http://"+addr+"/healthz"); return code == 200 })
 	l.setPBX("n1", false)
 	l.waitHolder("n2", 10*time.Second)
 }
@@ -168,7 +159,7 @@ func TestCorruptStateIsRebuilt(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "group status naming n1", func() bool {
+	waittest.Until(t, 10*time.Second, "group status naming n1", func() bool {
 		e, err := kv.Get(ctx, events.GroupStatusKey("lab", "pbx"))
 		var st events.GroupStatus
 		return err == nil && json.Unmarshal(e.Value(), &st) == nil && st.Holder == "n1"
@@ -177,9 +168,9 @@ func TestCorruptStateIsRebuilt(t *testing.T) {
 	if _, err := kv.Put(ctx, events.ArbiterStateKey("lab"), []byte("\x00garbage{")); err != nil {
 		t.Fatal(err)
 	}
-	addr := freeAddr(t)
+	addr := porttest.Addr(t)
 	l.arbiterWith("ctlB", func(c *Config) { c.HTTPListen = addr })
-	waitFor(t, 10*time.Second, "the rebuild counted", func() bool {
+	waittest.Until(t, 10*time.Second, "the rebuild counted", func() bool {
 		_, m := httpGet(t, "http://"+addr+"/metrics")
 		return strings.Contains(m, "fan_arbiter_state_corrupt_total 1")
 	})

@@ -6,6 +6,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
+
 	"github.com/fanpbx/fan/pkg/platform/bus"
 )
 
@@ -13,7 +16,7 @@ import (
 // size and byte limit, which the disk alert compares.
 func TestStreamUsageIsExported(t *testing.T) {
 	l := newLab(t, "n1")
-	addr := freeAddr(t)
+	addr := porttest.Addr(t)
 	l.arbiterWith("ctlA", func(c *Config) { c.HTTPListen = addr })
 	want := []string{
 		fmt.Sprintf(`fan_stream_max_bytes{stream="%s"} %g`, bus.EventsStream, float64(bus.DefaultEventsMiB<<20)),
@@ -21,7 +24,7 @@ func TestStreamUsageIsExported(t *testing.T) {
 		fmt.Sprintf(`fan_stream_bytes{stream="%s"}`, bus.EventsStream),
 		fmt.Sprintf(`fan_stream_bytes{stream="%s"}`, bus.LiveStream),
 	}
-	waitFor(t, 10*time.Second, "stream usage on /metrics", func() bool {
+	waittest.Until(t, 10*time.Second, "stream usage on /metrics", func() bool {
 		code, m := httpGet(t, "http://"+addr+"/metrics")
 		if code != 200 {
 			return false

@@ -20,9 +20,11 @@ func TestWatchFailureEndsTheRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	died := errors.New("audit stream consumer gone")
+	var arb *arbiter
+	svc.wired = func(a *arbiter) { arb = a }
 	svc.watch = func(ctx context.Context, _ bus.WatchOptions, _ bus.EventHandler) error {
 		// Die only once this replica leads: the deaf leader is the case.
-		for !svc.lease.Leading() {
+		for !arb.lease.Leading() {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()

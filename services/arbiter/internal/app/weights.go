@@ -13,14 +13,14 @@ import (
 // their heartbeats and, while this replica leads, publishes a weight set
 // when the hysteresis lets one through. It has its own watch, so ranking
 // never delays a decision. Followers track too, so a new leader starts warm.
-func (s *Service) runWeights(ctx context.Context) {
+func (a *arbiter) runWeights(ctx context.Context) {
 	type tracked struct {
 		group string
 		nodes []string
 		tr    *weights.Tracker
 	}
 	var groups []tracked
-	for _, g := range s.cfg.Groups {
+	for _, g := range a.cfg.Groups {
 		if g.Weights.Enabled {
 			groups = append(groups, tracked{g.Name, g.Nodes, weights.New(g.Weights.Threshold, g.Weights.Confirm)})
 		}
@@ -28,7 +28,7 @@ func (s *Service) runWeights(ctx context.Context) {
 	if len(groups) == 0 {
 		return
 	}
-	_ = s.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats(s.cfg.Cluster)}},
+	_ = a.bus.Watch(ctx, bus.WatchOptions{Subjects: []string{events.AllHeartbeats(a.cfg.Cluster)}},
 		func(env events.Envelope, p events.Decoded, _ uint64) {
 			hb, ok := p.(*events.NodeHeartbeat)
 			if !ok {
@@ -43,16 +43,16 @@ func (s *Service) runWeights(ctx context.Context) {
 					continue
 				}
 				changed, reason := g.tr.Observe(hb.Node, load)
-				if !changed || !s.lease.Leading() {
+				if !changed || !a.lease.Leading() {
 					continue
 				}
 				// A newer set for the group supersedes one still waiting.
-				_, err := s.ob.Post("weights/"+g.group, g.tr.Set(g.group, reason), events.CausedBy(env))
+				_, err := a.ob.Post("weights/"+g.group, g.tr.Set(g.group, reason), events.CausedBy(env))
 				if err != nil {
-					s.log.Warn("publish dispatcher weights failed", "group", g.group, "err", err)
+					a.log.Warn("publish dispatcher weights failed", "group", g.group, "err", err)
 					continue
 				}
-				s.log.Info("dispatcher weights", "group", g.group, "weights", g.tr.String(), "reason", reason)
+				a.log.Info("dispatcher weights", "group", g.group, "weights", g.tr.String(), "reason", reason)
 			}
 		})
 }

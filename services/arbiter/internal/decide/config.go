@@ -221,7 +221,37 @@ func (c *Config) withDefaults() {
 // minClaimTTL leaves an executor time to receive and start a claim.
 const minClaimTTL = 500 * time.Millisecond
 
+// validate returns the first problem it finds, looking at the settings
+// that apply to every group, then at each group, then at the observers
+// the groups' members borrow across groups.
 func (c *Config) validate() error {
+	if err := c.validateSettings(); err != nil {
+		return err
+	}
+	if err := c.validateTimings(); err != nil {
+		return err
+	}
+	if len(c.Groups) == 0 {
+		return fmt.Errorf("%w: no groups", ErrConfig)
+	}
+	seen := map[string]bool{}
+	for _, g := range c.Groups {
+		if err := events.ValidToken("group", g.Name); err != nil {
+			return fmt.Errorf("%w: %v", ErrConfig, err)
+		}
+		if seen[g.Name] {
+			return fmt.Errorf("%w: group %s defined twice", ErrConfig, g.Name)
+		}
+		seen[g.Name] = true
+		if err := g.validate(); err != nil {
+			return err
+		}
+	}
+	return c.validateObservers()
+}
+
+// validateSettings checks what names the cluster and makes ids.
+func (c *Config) validateSettings() error {
 	if err := events.ValidToken("cluster", c.Cluster); err != nil {
 		return fmt.Errorf("%w: %v", ErrConfig, err)
 	}
@@ -231,6 +261,12 @@ func (c *Config) validate() error {
 	if c.PresenceMisses < 1 {
 		return fmt.Errorf("%w: PresenceMisses must be at least 1, got %d", ErrConfig, c.PresenceMisses)
 	}
+	return nil
+}
+
+// validateTimings refuses a negative duration, and a claim that expires
+// before an executor can take it or outlives the command that carries it.
+func (c *Config) validateTimings() error {
 	for name, d := range map[string]time.Duration{
 		"SilentAfter": c.SilentAfter, "ClaimTimeout": c.ClaimTimeout, "CommandTTL": c.CommandTTL,
 		"HoldDown": c.HoldDown, "RetryBackoff": c.RetryBackoff, "SettleAfter": c.SettleAfter, "ClockSkew": c.ClockSkew,
@@ -247,74 +283,94 @@ func (c *Config) validate() error {
 	if c.ClaimTTL() > c.CommandTTL {
 		return fmt.Errorf("%w: claim_timeout - clock_skew (%v) must not exceed command_ttl %v", ErrConfig, c.ClaimTTL(), c.CommandTTL)
 	}
-	if len(c.Groups) == 0 {
-		return fmt.Errorf("%w: no groups", ErrConfig)
+	return nil
+}
+
+// validate checks one group on its own; its name is the caller's to check
+// against the other groups'.
+func (g *Group) validate() error {
+	if len(g.Addresses) == 0 {
+		return fmt.Errorf("%w: group %s has no addresses", ErrConfig, g.Name)
 	}
-	seen := map[string]bool{}
-	for _, g := range c.Groups {
-		if err := events.ValidToken("group", g.Name); err != nil {
-			return fmt.Errorf("%w: %v", ErrConfig, err)
+	for _, a := range g.Addresses {
+		if _, err := netip.ParsePrefix(a); err != nil {
+			return fmt.Errorf("%w: group %s address %q: %v", ErrConfig, g.Name, a, err)
 		}
-		if seen[g.Name] {
-			return fmt.Errorf("%w: group %s defined twice", ErrConfig, g.Name)
-		}
-		seen[g.Name] = true
-		if len(g.Addresses) == 0 {
-			return fmt.Errorf("%w: group %s has no addresses", ErrConfig, g.Name)
-		}
-		for _, a := range g.Addresses {
-			if _, err := netip.ParsePrefix(a); err != nil {
-				return fmt.Errorf("%w: group %s address %q: %v", ErrConfig, g.Name, a, err)
-			}
-		}
-		if len(g.Nodes) == 0 {
-			return fmt.Errorf("%w: group %s has no nodes", ErrConfig, g.Name)
-		}
-		nodes := map[string]bool{}
-		for _, n := range g.Nodes {
-			if err := events.ValidToken("node", n); err != nil {
-				return fmt.Errorf("%w: group %s: %v", ErrConfig, g.Name, err)
-			}
-			if nodes[n] {
-				return fmt.Errorf("%w: group %s lists node %s twice", ErrConfig, g.Name, n)
-			}
-			nodes[n] = true
-		}
-		if err := events.ValidToken("health check", g.HealthCheck); err != nil {
+	}
+	nodes, err := g.members()
+	if err != nil {
+		return err
+	}
+	if err := events.ValidToken("health check", g.HealthCheck); err != nil {
+		return fmt.Errorf("%w: group %s: %v", ErrConfig, g.Name, err)
+	}
+	if err := g.validatePolicies(); err != nil {
+		return err
+	}
+	for _, pc := range g.PeerChecks {
+		if err := events.ValidToken("peer check", pc); err != nil {
 			return fmt.Errorf("%w: group %s: %v", ErrConfig, g.Name, err)
 		}
-		if fb := g.Failback; fb.StableFor < 0 || fb.ForceBefore < 0 {
-			return fmt.Errorf("%w: group %s: negative failback duration", ErrConfig, g.Name)
+	}
+	return g.validateHealthFrom(nodes)
+}
+
+// members checks the group's node list and returns it as a set.
+func (g *Group) members() (map[string]bool, error) {
+	if len(g.Nodes) == 0 {
+		return nil, fmt.Errorf("%w: group %s has no nodes", ErrConfig, g.Name)
+	}
+	nodes := map[string]bool{}
+	for _, n := range g.Nodes {
+		if err := events.ValidToken("node", n); err != nil {
+			return nil, fmt.Errorf("%w: group %s: %v", ErrConfig, g.Name, err)
 		}
-		if d := g.Planned.DrainWithin; d < events.MinDrainWithin || d > events.MaxDrainWithin {
-			return fmt.Errorf("%w: group %s: planned drain_within %v, want between %v and %v", ErrConfig, g.Name, d, events.MinDrainWithin, events.MaxDrainWithin)
+		if nodes[n] {
+			return nil, fmt.Errorf("%w: group %s lists node %s twice", ErrConfig, g.Name, n)
 		}
-		if w := g.Failback.OnWindowClose; w != WindowCloseWait && w != WindowCloseForce {
-			return fmt.Errorf("%w: group %s: on_window_close %q (want wait or force)", ErrConfig, g.Name, w)
+		nodes[n] = true
+	}
+	return nodes, nil
+}
+
+// validatePolicies checks the group's failback and planned move settings.
+func (g *Group) validatePolicies() error {
+	if fb := g.Failback; fb.StableFor < 0 || fb.ForceBefore < 0 {
+		return fmt.Errorf("%w: group %s: negative failback duration", ErrConfig, g.Name)
+	}
+	if d := g.Planned.DrainWithin; d < events.MinDrainWithin || d > events.MaxDrainWithin {
+		return fmt.Errorf("%w: group %s: planned drain_within %v, want between %v and %v", ErrConfig, g.Name, d, events.MinDrainWithin, events.MaxDrainWithin)
+	}
+	if w := g.Failback.OnWindowClose; w != WindowCloseWait && w != WindowCloseForce {
+		return fmt.Errorf("%w: group %s: on_window_close %q (want wait or force)", ErrConfig, g.Name, w)
+	}
+	return nil
+}
+
+// validateHealthFrom checks the group's borrowed health: each entry is a
+// member's, and names another node's check.
+func (g *Group) validateHealthFrom(nodes map[string]bool) error {
+	for n, hs := range g.HealthFrom {
+		if !nodes[n] {
+			return fmt.Errorf("%w: group %s: health_from names %s, which is not a member", ErrConfig, g.Name, n)
 		}
-		for _, pc := range g.PeerChecks {
-			if err := events.ValidToken("peer check", pc); err != nil {
-				return fmt.Errorf("%w: group %s: %v", ErrConfig, g.Name, err)
-			}
+		if err := events.ValidToken("health_from observer", hs.Observer); err != nil {
+			return fmt.Errorf("%w: group %s: health_from %s: %v", ErrConfig, g.Name, n, err)
 		}
-		for n, hs := range g.HealthFrom {
-			if !nodes[n] {
-				return fmt.Errorf("%w: group %s: health_from names %s, which is not a member", ErrConfig, g.Name, n)
-			}
-			if err := events.ValidToken("health_from observer", hs.Observer); err != nil {
-				return fmt.Errorf("%w: group %s: health_from %s: %v", ErrConfig, g.Name, n, err)
-			}
-			if err := events.ValidToken("health_from check", hs.Check); err != nil {
-				return fmt.Errorf("%w: group %s: health_from %s: %v", ErrConfig, g.Name, n, err)
-			}
-			if hs.Observer == n {
-				return fmt.Errorf("%w: group %s: health_from %s names itself as observer (leave it out: its own prober counts)", ErrConfig, g.Name, n)
-			}
+		if err := events.ValidToken("health_from check", hs.Check); err != nil {
+			return fmt.Errorf("%w: group %s: health_from %s: %v", ErrConfig, g.Name, n, err)
+		}
+		if hs.Observer == n {
+			return fmt.Errorf("%w: group %s: health_from %s names itself as observer (leave it out: its own prober counts)", ErrConfig, g.Name, n)
 		}
 	}
-	// A member without a prober borrows one observer's presence; two
-	// observers, or an observer that borrows in turn, would make "heard"
-	// ambiguous.
+	return nil
+}
+
+// validateObservers checks health_from across groups. A member without a
+// prober borrows one observer's presence; two observers, or an observer
+// that borrows in turn, would make "heard" ambiguous.
+func (c *Config) validateObservers() error {
 	proxy := map[string]string{}
 	for _, g := range c.Groups {
 		for n, hs := range g.HealthFrom {

@@ -102,111 +102,15 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 		if r.Cancel {
 			return c.cancelPlanned(r, trig, out)
 		}
-		g, bad := c.group(r.Group)
-		if g == nil {
-			return false, bad
-		}
-		to := r.Node
-		switch {
-		case g.planned != nil && !g.planned.gaveUp && r.Drain != events.DrainNow:
-			p := g.planned
-			return false, fmt.Sprintf("a %s, asked by %s at %s, is waiting: cancel it first (fanctl switchover --cancel --group %s), or move now (--now)",
-				p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), g.cfg.Name)
-		case !slices.Contains(g.cfg.Nodes, to):
-			return false, fmt.Sprintf("%s is not a node of group %s", to, g.cfg.Name)
-		case g.pending != nil:
-			return false, fmt.Sprintf("a claim on %s is outstanding; try again when it is settled", g.pending.node)
-		case g.holder == to:
-			return false, fmt.Sprintf("%s already holds group %s (with --for or --until, a switchover to it pins it there)", to, g.cfg.Name)
-		case c.isStandby(to):
-			return false, fmt.Sprintf("%s is in standby", to)
-		case !c.eligible(g, to, now):
-			return false, fmt.Sprintf("%s cannot take group %s: %s", to, g.cfg.Name, c.whyNot(g, to, now))
-		}
-		from := g.holder
-		// A holder that is down carries no calls worth waiting for.
-		if from != "" && r.Drain != events.DrainNow && !c.judgeHolder(g, from, now).down {
-			if g.planned != nil { // a standby's wait that gave up: this request takes over
-				g.planned = nil
-			}
-			c.startPlanned(g, now, r, to, trig)
-			c.replyFor = append(c.replyFor, g)
-			return true, fmt.Sprintf("switchover (drain %s)", orWait(r.Drain))
-		}
-		msg := fmt.Sprintf("switchover of %s from %s to %s decided", g.cfg.Name, orNone(from), to)
-		if from != "" {
-			msg += " (now: " + c.cutCount(g, from) + ")"
-		}
-		if p := g.planned; p != nil {
-			c.endPlanned(g, events.PlannedCancelled, fmt.Sprintf("%s, asked by %s at %s, replaced by a switchover now by %s with %s",
-				p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator, c.countNow(p.from)), []ref{trig}, out)
-		}
-		c.operatorMove(g, now, events.ActionSwitchover, to, fmt.Sprintf("switchover to %s by operator %s", to, who), trig, out,
-			r.Drain == events.DrainNow && from != "" && !c.drainedNow(g, from))
-		return true, msg
-
+		return c.switchover(now, r, who, trig, out)
 	case events.OpFailback:
-		g, bad := c.group(r.Group)
-		if g == nil {
-			return false, bad
-		}
-		h := g.holder
-		switch {
-		case g.pending != nil:
-			return false, fmt.Sprintf("a claim on %s is outstanding; try again when it is settled", g.pending.node)
-		case h == "":
-			return false, fmt.Sprintf("group %s has no holder to fail back from", g.cfg.Name)
-		case g.planned != nil && !g.planned.gaveUp:
-			return false, fmt.Sprintf("a %s is waiting: cancel it first", g.planned.what(g))
-		}
-		to := c.failbackTarget(g, h, now)
-		if to == "" {
-			return false, fmt.Sprintf("no node of higher priority than %s can take group %s (%s)", h, g.cfg.Name, c.summaryAbove(g, h, now))
-		}
-		c.operatorMove(g, now, events.ActionFailback, to, fmt.Sprintf("manual failback to %s by operator %s", to, who), trig, out, false)
-		return true, fmt.Sprintf("failback of %s from %s to %s decided", g.cfg.Name, h, to)
-
+		return c.failback(now, r, who, trig, out)
 	case events.OpMaintenanceOn, events.OpMaintenanceOff:
 		on := r.Verb == events.OpMaintenanceOn
-		why := "by " + who
 		if r.Group == "" {
-			if on == (c.maintenance != "") {
-				return true, "cluster maintenance already " + onOff(on)
-			}
-			c.maintenance = ""
-			if on {
-				c.maintenance = why
-			}
-			for gi := range c.groups {
-				c.touch(gi)
-			}
-			msg := "cluster maintenance " + onOff(on)
-			if !on {
-				for _, g := range c.groups {
-					if f := c.frozenWhy(g); f != "" {
-						msg += "; " + f
-					}
-				}
-			}
-			return true, msg
+			return c.clusterMaintenance(on, "by "+who)
 		}
-		g, bad := c.group(r.Group)
-		if g == nil {
-			return false, bad
-		}
-		if on {
-			g.maintenance = why
-		} else {
-			// A human has looked: the flap freeze and its count go too.
-			g.maintenance, g.flapFrozen, g.moves = "", "", nil
-		}
-		c.touch(c.byName[g.cfg.Name])
-		msg := "group " + g.cfg.Name + " maintenance " + onOff(on)
-		if !on && c.maintenance != "" {
-			msg += "; the cluster is still in maintenance"
-		}
-		return true, msg
-
+		return c.groupMaintenance(r.Group, on, "by "+who)
 	case events.OpNodeStandby, events.OpNodeActive:
 		n := r.Node
 		if c.nodes[n] == nil {
@@ -215,27 +119,148 @@ func (c *Core) operate(now time.Time, r Request, trig ref, out *Output) (bool, s
 		if r.Verb == events.OpNodeStandby {
 			return c.standbyNode(now, r, trig, out)
 		}
-		if !c.isStandby(n) {
-			return true, n + " already active"
-		}
-		delete(c.standby, n)
-		msg := n + " active"
-		for _, gi := range c.nodes[n].groups {
-			g := c.groups[gi]
-			if p := g.planned; p != nil && p.verb == events.OpNodeStandby && p.from == n {
-				what := fmt.Sprintf("%s, asked by %s at %s, cancelled by %s", p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator)
-				if !p.gaveUp {
-					what += " with " + c.countNow(n)
-				}
-				c.endPlanned(g, events.PlannedCancelled, what, []ref{trig}, out)
-				g.situation, g.reason, g.human = "", "", false
-				msg += "; " + what
-			}
-		}
-		c.touchNode(n)
-		return true, msg
+		return c.activeNode(n, r, trig, out)
 	}
 	return false, "unknown verb " + string(r.Verb)
+}
+
+// switchover moves a group to the node asked for: at once when the holder
+// is down or the operator said --now, otherwise after a planned wait for
+// the holder's calls to drain.
+func (c *Core) switchover(now time.Time, r Request, who string, trig ref, out *Output) (bool, string) {
+	g, bad := c.group(r.Group)
+	if g == nil {
+		return false, bad
+	}
+	to := r.Node
+	switch {
+	case g.planned != nil && !g.planned.gaveUp && r.Drain != events.DrainNow:
+		p := g.planned
+		return false, fmt.Sprintf("a %s, asked by %s at %s, is waiting: cancel it first (fanctl switchover --cancel --group %s), or move now (--now)",
+			p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), g.cfg.Name)
+	case !slices.Contains(g.cfg.Nodes, to):
+		return false, fmt.Sprintf("%s is not a node of group %s", to, g.cfg.Name)
+	case g.pending != nil:
+		return false, fmt.Sprintf("a claim on %s is outstanding; try again when it is settled", g.pending.node)
+	case g.holder == to:
+		return false, fmt.Sprintf("%s already holds group %s (with --for or --until, a switchover to it pins it there)", to, g.cfg.Name)
+	case c.isStandby(to):
+		return false, fmt.Sprintf("%s is in standby", to)
+	case !c.eligible(g, to, now):
+		return false, fmt.Sprintf("%s cannot take group %s: %s", to, g.cfg.Name, c.whyNot(g, to, now))
+	}
+	from := g.holder
+	// A holder that is down carries no calls worth waiting for.
+	if from != "" && r.Drain != events.DrainNow && !c.judgeHolder(g, from, now).down {
+		if g.planned != nil { // a standby's wait that gave up: this request takes over
+			g.planned = nil
+		}
+		c.startPlanned(g, now, r, to, trig)
+		c.replyFor = append(c.replyFor, g)
+		return true, fmt.Sprintf("switchover (drain %s)", orWait(r.Drain))
+	}
+	msg := fmt.Sprintf("switchover of %s from %s to %s decided", g.cfg.Name, orNone(from), to)
+	if from != "" {
+		msg += " (now: " + c.cutCount(g, from) + ")"
+	}
+	if p := g.planned; p != nil {
+		c.endPlanned(g, events.PlannedCancelled, fmt.Sprintf("%s, asked by %s at %s, replaced by a switchover now by %s with %s",
+			p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator, c.countNow(p.from)), []ref{trig}, out)
+	}
+	c.operatorMove(g, now, events.ActionSwitchover, to, fmt.Sprintf("switchover to %s by operator %s", to, who), trig, out,
+		r.Drain == events.DrainNow && from != "" && !c.drainedNow(g, from))
+	return true, msg
+}
+
+// failback moves a group back to the node of highest priority that can
+// take it.
+func (c *Core) failback(now time.Time, r Request, who string, trig ref, out *Output) (bool, string) {
+	g, bad := c.group(r.Group)
+	if g == nil {
+		return false, bad
+	}
+	h := g.holder
+	switch {
+	case g.pending != nil:
+		return false, fmt.Sprintf("a claim on %s is outstanding; try again when it is settled", g.pending.node)
+	case h == "":
+		return false, fmt.Sprintf("group %s has no holder to fail back from", g.cfg.Name)
+	case g.planned != nil && !g.planned.gaveUp:
+		return false, fmt.Sprintf("a %s is waiting: cancel it first", g.planned.what(g))
+	}
+	to := c.failbackTarget(g, h, now)
+	if to == "" {
+		return false, fmt.Sprintf("no node of higher priority than %s can take group %s (%s)", h, g.cfg.Name, c.summaryAbove(g, h, now))
+	}
+	c.operatorMove(g, now, events.ActionFailback, to, fmt.Sprintf("manual failback to %s by operator %s", to, who), trig, out, false)
+	return true, fmt.Sprintf("failback of %s from %s to %s decided", g.cfg.Name, h, to)
+}
+
+// clusterMaintenance turns the whole cluster's maintenance on or off.
+func (c *Core) clusterMaintenance(on bool, why string) (bool, string) {
+	if on == (c.maintenance != "") {
+		return true, "cluster maintenance already " + onOff(on)
+	}
+	c.maintenance = ""
+	if on {
+		c.maintenance = why
+	}
+	for gi := range c.groups {
+		c.touch(gi)
+	}
+	msg := "cluster maintenance " + onOff(on)
+	if !on {
+		for _, g := range c.groups {
+			if f := c.frozenWhy(g); f != "" {
+				msg += "; " + f
+			}
+		}
+	}
+	return true, msg
+}
+
+// groupMaintenance turns one group's maintenance on or off.
+func (c *Core) groupMaintenance(group string, on bool, why string) (bool, string) {
+	g, bad := c.group(group)
+	if g == nil {
+		return false, bad
+	}
+	if on {
+		g.maintenance = why
+	} else {
+		// A human has looked: the flap freeze and its count go too.
+		g.maintenance, g.flapFrozen, g.moves = "", "", nil
+	}
+	c.touch(c.byName[g.cfg.Name])
+	msg := "group " + g.cfg.Name + " maintenance " + onOff(on)
+	if !on && c.maintenance != "" {
+		msg += "; the cluster is still in maintenance"
+	}
+	return true, msg
+}
+
+// activeNode takes node n out of standby, cancelling the planned moves
+// away from it that its standby started.
+func (c *Core) activeNode(n string, r Request, trig ref, out *Output) (bool, string) {
+	if !c.isStandby(n) {
+		return true, n + " already active"
+	}
+	delete(c.standby, n)
+	msg := n + " active"
+	for _, gi := range c.nodes[n].groups {
+		g := c.groups[gi]
+		if p := g.planned; p != nil && p.verb == events.OpNodeStandby && p.from == n {
+			what := fmt.Sprintf("%s, asked by %s at %s, cancelled by %s", p.what(g), p.operator, p.since.UTC().Format(time.RFC3339), r.Operator)
+			if !p.gaveUp {
+				what += " with " + c.countNow(n)
+			}
+			c.endPlanned(g, events.PlannedCancelled, what, []ref{trig}, out)
+			g.situation, g.reason, g.human = "", "", false
+			msg += "; " + what
+		}
+	}
+	c.touchNode(n)
+	return true, msg
 }
 
 // operatorMove moves a group on an operator's word: the holder (if any)

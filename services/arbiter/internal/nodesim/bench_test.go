@@ -6,7 +6,6 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -18,6 +17,7 @@ import (
 	"github.com/fanpbx/fan/lab/procstat"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/logtest"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
 	"github.com/fanpbx/fan/services/arbiter/internal/decide"
 )
 
@@ -53,7 +53,7 @@ func BenchmarkScale(b *testing.B) {
 	}
 	dir := b.TempDir()
 	arbiterBin, natsBin := binaries(b, dir)
-	natsAddr := freeAddr(b)
+	natsAddr := porttest.Addr(b)
 	nats := startProcess(b, natsBin, nil, "-listen", natsAddr, "-store", filepath.Join(dir, "nats"), "-name", "scale")
 	url := "nats://" + natsAddr
 
@@ -65,7 +65,7 @@ func BenchmarkScale(b *testing.B) {
 	var env []string
 	var pprofAddr string
 	if *scaleProfile != "" {
-		pprofAddr = freeAddr(b)
+		pprofAddr = porttest.Addr(b)
 		env = append(os.Environ(), "FAN_PPROF="+pprofAddr)
 	}
 
@@ -263,13 +263,4 @@ func startProcess(b *testing.B, bin string, env []string, args ...string) *proce
 		}
 	})
 	return p
-}
-
-func freeAddr(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }

@@ -189,12 +189,39 @@ func Run(cfg decide.Config, trail []Record, opts Options) (Report, error) {
 		return Report{}, err
 	}
 	e.core = core
-	// The core's state is known from an arbiter's start (empty) or from a
-	// term's start (what it restored). From a term, the inputs before it
-	// are given to the core as to a follower, which is how the replica
-	// that took the term came to know the nodes.
-	start := slices.IndexFunc(trail, func(r Record) bool {
+	start := startOf(trail, cfg.Cluster)
+	if start < 0 {
+		return Report{}, ErrNoStart
+	}
+	rep := Report{Start: trail[start].Env.Time, StartNode: trail[start].Env.Source.Node}
+	sc := newScan(trail, start)
+	if _, ok := trail[start].Payload.(*events.ArbiterTerm); ok {
+		rep.StartTerm = trail[start].Env.Epoch
+	}
+	for i, r := range trail {
 		if r.Env.Cluster != cfg.Cluster {
+			continue
+		}
+		if t, ok := r.Payload.(*events.ArbiterTerm); ok && t.Policy != "" && t.Policy != policy && !slices.Contains(rep.OtherPolicy, r.Env.Epoch) {
+			rep.OtherPolicy = append(rep.OtherPolicy, r.Env.Epoch)
+		}
+		sc.add(e, i, r)
+	}
+	slices.SortStableFunc(sc.steps, func(a, b *step) int { return a.at.Compare(b.at) })
+	if err := e.replay(trail[sc.inputsFrom].Env.Time, sc.lastPermit, sc.steps); err != nil {
+		return Report{}, err
+	}
+	rep.Rows = e.rows
+	rep.count()
+	return rep, nil
+}
+
+// startOf is the index of the arbiter start or term start a replay of
+// cluster begins at (-1: none). The core's state is known from an
+// arbiter's start (empty) or from a term's start (what it restored).
+func startOf(trail []Record, cluster string) int {
+	return slices.IndexFunc(trail, func(r Record) bool {
+		if r.Env.Cluster != cluster {
 			return false
 		}
 		switch p := r.Payload.(type) {
@@ -205,115 +232,134 @@ func Run(cfg decide.Config, trail []Record, opts Options) (Report, error) {
 		}
 		return false
 	})
-	if start < 0 {
-		return Report{}, ErrNoStart
-	}
-	rep := Report{Start: trail[start].Env.Time, StartNode: trail[start].Env.Source.Node}
-	inputsFrom := start
-	// From an arbiter start the replica read each stream from the first
-	// event stored at or after its announcement's time (its watch's Since),
-	// not from the announcement's place in the merged trail: an input
-	// stamped just before the announcement may be stored after it, and
-	// then the arbiter read it.
-	read := func(i int) bool { return i >= inputsFrom }
-	if _, ok := trail[start].Payload.(*events.ServiceAnnounce); ok {
-		read = readFrom(trail, trail[start].Env.Time, start)
-	}
-	if t, ok := trail[start].Payload.(*events.ArbiterTerm); ok {
-		rep.StartTerm = trail[start].Env.Epoch
-		inputsFrom = 0
-		if i := slices.IndexFunc(trail[:start], func(r Record) bool { return r.Env.ID == t.Since }); i >= 0 {
-			inputsFrom = i // where the replica's own view began
-		}
-	}
-	// The arbiter reads each group's last permit from before its start.
-	lastPermit := map[string]Record{}
-	var steps []*step
-	byKey := map[string]*step{}
-	// Everything one call of the core recorded shares its clock, term and
-	// replica.
-	stepOf := func(r Record) *step {
-		k := fmt.Sprintf("%d/%d/%s", r.Env.Time.UnixNano(), r.Env.Epoch, r.Env.Source.Node)
-		s := byKey[k]
-		if s == nil {
-			s = &step{at: r.Env.Time, epoch: r.Env.Epoch}
-			byKey[k] = s
-			steps = append(steps, s)
-		}
-		return s
-	}
-	for i, r := range trail {
-		if r.Env.Cluster != cfg.Cluster {
-			continue
-		}
-		switch p := r.Payload.(type) {
-		case *events.ClaimIP, *events.ReleaseIP:
-			e.cmds[r.Env.ID] = r
-		case *events.ArbiterDecision, *events.PlannedMove, *events.GroupPin:
-			d := Decision{ID: r.Env.ID, At: r.Env.Time, Epoch: r.Env.Epoch}
-			switch v := p.(type) {
-			case *events.PlannedMove:
-				d = planned(r.Env.ID, r.Env.Time, r.Env.Epoch, *v)
-			case *events.GroupPin:
-				d = pinned(r.Env.ID, r.Env.Time, r.Env.Epoch, *v)
-			default:
-				d.ArbiterDecision = *p.(*events.ArbiterDecision)
-			}
-			if i < start {
-				e.rows = append(e.rows, Row{At: d.At, Group: d.Group, Recorded: &d, NotCompared: "before the arbiter start or term start the replay begins at"})
-				continue
-			}
-			s := stepOf(r)
-			s.recorded = append(s.recorded, d)
-			if s.input == "" {
-				s.input = d.Input
-			}
-			if s.inputAudit == "" && s.inputLive == "" {
-				s.inputAudit, s.inputLive = d.InputAudit, d.InputLive
-			}
-			e.track(d.InputAudit, d.InputLive)
-			if s.trigger == "" {
-				s.trigger = d.Trigger
-			}
-		case *events.OperatorAction:
-			// The leaders hold is the arbiter's steward's, not its core's.
-			if i < start || p.Stage == events.StageRequested || p.Verb.ForLeaders() {
-				continue
-			}
-			// The outcome's record comes first in its output, with the
-			// core's clock: the decisions it caused join its step.
-			rec := r
-			s := stepOf(r)
-			s.action, s.trigger = &rec, events.TriggerOperator
-			if p.Input != "" {
-				s.input, s.inputAudit, s.inputLive = p.Input, p.InputAudit, p.InputLive
-				e.track(p.InputAudit, p.InputLive)
-			}
-		case *events.ArbiterTerm:
-			if p.Policy != "" && p.Policy != policy && !slices.Contains(rep.OtherPolicy, r.Env.Epoch) {
-				rep.OtherPolicy = append(rep.OtherPolicy, r.Env.Epoch)
-			}
-			if i >= start {
-				rec := r
-				steps = append(steps, &step{term: &rec, at: r.Env.Time, epoch: r.Env.Epoch, input: p.Input,
-					inputAudit: p.InputAudit, inputLive: p.InputLive})
-				e.track(p.InputAudit, p.InputLive)
-			}
-		case *events.FailbackPermit:
-			if i < inputsFrom {
-				lastPermit[p.Group] = r
-				continue
-			}
-			e.addInput(r)
-		case *events.HealthTransition, *events.NodeHeartbeat, *events.CommandResult, *events.ReplicationStatus, *events.CallsSummary:
-			if read(i) {
-				e.addInput(r)
-			}
-		}
-	}
-	slices.SortStableFunc(steps, func(a, b *step) int { return a.at.Compare(b.at) })
+}
 
-	e.clock(trail[inputsFrom].Env.Time)
+// scan sorts a trail into what the replay feeds (inputs, the permits in
+// force at the start) and what it compares (steps: everything one call of
+// the core recorded).
+type scan struct {
+	start int
+	// inputsFrom is where the core's inputs begin: from a term, the
+	// inputs before it are given to the core as to a follower, which is
+	// how the replica that took the term came to know the nodes.
+	inputsFrom int
+	// read tells whether the arbiter read the input at an index.
+	read func(i int) bool
+	// lastPermit is each group's last permit before the inputs: the
+	// arbiter reads it from before its start.
+	lastPermit map[string]Record
+	steps      []*step
+	byKey      map[string]*step
+}
+
+func newScan(trail []Record, start int) *scan {
+	sc := &scan{start: start, inputsFrom: start, lastPermit: map[string]Record{}, byKey: map[string]*step{}}
+	sc.read = func(i int) bool { return i >= sc.inputsFrom }
+	switch t := trail[start].Payload.(type) {
+	case *events.ServiceAnnounce:
+		// From an arbiter start the replica read each stream from the
+		// first event stored at or after its announcement's time (its
+		// watch's Since), not from the announcement's place in the merged
+		// trail: an input stamped just before the announcement may be
+		// stored after it, and then the arbiter read it.
+		sc.read = readFrom(trail, trail[start].Env.Time, start)
+	case *events.ArbiterTerm:
+		sc.inputsFrom = 0
+		if i := slices.IndexFunc(trail[:start], func(r Record) bool { return r.Env.ID == t.Since }); i >= 0 {
+			sc.inputsFrom = i // where the replica's own view began
+		}
+	}
+	return sc
+}
+
+// stepOf is the step r belongs to: everything one call of the core
+// recorded shares its clock, term and replica.
+func (sc *scan) stepOf(r Record) *step {
+	k := fmt.Sprintf("%d/%d/%s", r.Env.Time.UnixNano(), r.Env.Epoch, r.Env.Source.Node)
+	s := sc.byKey[k]
+	if s == nil {
+		s = &step{at: r.Env.Time, epoch: r.Env.Epoch}
+		sc.byKey[k] = s
+		sc.steps = append(sc.steps, s)
+	}
+	return s
+}
+
+// add takes the record at index i of the trail.
+func (sc *scan) add(e *engine, i int, r Record) {
+	switch p := r.Payload.(type) {
+	case *events.ClaimIP, *events.ReleaseIP:
+		e.cmds[r.Env.ID] = r
+	case *events.ArbiterDecision, *events.PlannedMove, *events.GroupPin:
+		sc.addDecision(e, i, r)
+	case *events.OperatorAction:
+		// The leaders hold is the arbiter's steward's, not its core's.
+		if i < sc.start || p.Stage == events.StageRequested || p.Verb.ForLeaders() {
+			return
+		}
+		// The outcome's record comes first in its output, with the
+		// core's clock: the decisions it caused join its step.
+		rec := r
+		s := sc.stepOf(r)
+		s.action, s.trigger = &rec, events.TriggerOperator
+		if p.Input != "" {
+			s.input, s.inputAudit, s.inputLive = p.Input, p.InputAudit, p.InputLive
+			e.track(p.InputAudit, p.InputLive)
+		}
+	case *events.ArbiterTerm:
+		if i >= sc.start {
+			rec := r
+			sc.steps = append(sc.steps, &step{term: &rec, at: r.Env.Time, epoch: r.Env.Epoch, input: p.Input,
+				inputAudit: p.InputAudit, inputLive: p.InputLive})
+			e.track(p.InputAudit, p.InputLive)
+		}
+	case *events.FailbackPermit:
+		if i < sc.inputsFrom {
+			sc.lastPermit[p.Group] = r
+			return
+		}
+		e.addInput(r)
+	case *events.HealthTransition, *events.NodeHeartbeat, *events.CommandResult, *events.ReplicationStatus, *events.CallsSummary:
+		if sc.read(i) {
+			e.addInput(r)
+		}
+	}
+}
+
+// addDecision takes a recorded decision: into its step from the start on,
+// as a row not compared before it.
+func (sc *scan) addDecision(e *engine, i int, r Record) {
+	d := Decision{ID: r.Env.ID, At: r.Env.Time, Epoch: r.Env.Epoch}
+	switch v := r.Payload.(type) {
+	case *events.PlannedMove:
+		d = planned(r.Env.ID, r.Env.Time, r.Env.Epoch, *v)
+	case *events.GroupPin:
+		d = pinned(r.Env.ID, r.Env.Time, r.Env.Epoch, *v)
+	case *events.ArbiterDecision:
+		d.ArbiterDecision = *v
+	}
+	if i < sc.start {
+		e.rows = append(e.rows, Row{At: d.At, Group: d.Group, Recorded: &d, NotCompared: "before the arbiter start or term start the replay begins at"})
+		return
+	}
+	s := sc.stepOf(r)
+	s.recorded = append(s.recorded, d)
+	if s.input == "" {
+		s.input = d.Input
+	}
+	if s.inputAudit == "" && s.inputLive == "" {
+		s.inputAudit, s.inputLive = d.InputAudit, d.InputLive
+	}
+	e.track(d.InputAudit, d.InputLive)
+	if s.trigger == "" {
+		s.trigger = d.Trigger
+	}
+}
+
+// replay runs the core from from: the permits in force first, then every
+// step with the inputs before it, then the inputs left.
+func (e *engine) replay(from time.Time, lastPermit map[string]Record, steps []*step) error {
+	e.clock(from)
 	e.core.Tick(e.last) // the core's clock starts with the arbiter
 	for _, g := range slices.Sorted(maps.Keys(lastPermit)) {
 		r := lastPermit[g]
@@ -321,25 +367,28 @@ func Run(cfg decide.Config, trail []Record, opts Options) (Report, error) {
 	}
 	for _, s := range steps {
 		if err := e.play(s); err != nil {
-			return Report{}, err
+			return err
 		}
 	}
 	for e.fed < len(e.inputs) {
 		e.feed(e.fed)
 	}
 	slices.SortStableFunc(e.rows, func(a, b Row) int { return a.At.Compare(b.At) })
-	rep.Rows = e.rows
-	for _, r := range rep.Rows {
+	return nil
+}
+
+// count tallies the rows.
+func (r *Report) count() {
+	for _, row := range r.Rows {
 		switch {
-		case r.NotCompared != "":
-			rep.NotCompared++
-		case r.Same():
-			rep.Same++
+		case row.NotCompared != "":
+			r.NotCompared++
+		case row.Same():
+			r.Same++
 		default:
-			rep.Differ++
+			r.Differ++
 		}
 	}
-	return rep, nil
 }
 
 // readFrom tells which inputs an arbiter that announced its start at

@@ -13,6 +13,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -105,19 +106,6 @@ func show(m map[string]string) string {
 	return strings.Join(ks, " ")
 }
 
-// waitFor polls cond until it holds or within passes.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > within {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return time.Since(start)
-}
-
 // TestStewardKeepsLeadersOnChosenServer runs a real three-server cluster:
 // leaders forced onto n3 come back to n1; with n1 stopped they stay where
 // the cluster put them (no step-down among servers that are not chosen);
@@ -153,7 +141,7 @@ func TestStewardKeepsLeadersOnChosenServer(t *testing.T) {
 
 	// Leaders on n3 first, as after a crash of n1 and an election.
 	force := New(Config{LeaderServers: []string{"n3"}, Streams: bus.Streams(), MinGap: time.Millisecond}, b.NC, b.JS, sys, testLog())
-	waitFor(t, 60*time.Second, "leaders forced onto n3", func() bool {
+	waittest.Until(t, 60*time.Second, "leaders forced onto n3", func() bool {
 		force.Sweep(ctx)
 		return allOn(leaders(t, force), "n3")
 	})
@@ -165,7 +153,7 @@ func TestStewardKeepsLeadersOnChosenServer(t *testing.T) {
 	go func() { done <- s.Run(sctx) }()
 	defer func() { stop(); <-done }()
 
-	took := waitFor(t, 30*time.Second, "leaders back on n1", func() bool { return allOn(leaders(t, s), "n1") })
+	took := waittest.Until(t, 30*time.Second, "leaders back on n1", func() bool { return allOn(leaders(t, s), "n1") })
 	groups := len(leaders(t, s))
 	fmt.Printf("steward: %d raft groups moved from n3 to n1 in %v\n", groups, took.Round(10*time.Millisecond))
 	if got := testutil.ToFloat64(s.moves.WithLabelValues("meta", "moved")); got < 1 {
@@ -175,7 +163,7 @@ func TestStewardKeepsLeadersOnChosenServer(t *testing.T) {
 	// n1 leaves cleanly: its groups hand over to n2 or n3, and the steward
 	// must not move them between those two.
 	c.Stop("n1")
-	waitFor(t, 30*time.Second, "leaders elected without n1", func() bool {
+	waittest.Until(t, 30*time.Second, "leaders elected without n1", func() bool {
 		for _, l := range leaders(t, s) {
 			if l == "n1" || l == "?" {
 				return false
@@ -186,7 +174,7 @@ func TestStewardKeepsLeadersOnChosenServer(t *testing.T) {
 	before := leaders(t, s)
 	moves := totalMoves(s)
 	checks := testutil.ToFloat64(s.checks)
-	waitFor(t, 30*time.Second, "two sweeps without n1", func() bool { return testutil.ToFloat64(s.checks) >= checks+2 })
+	waittest.Until(t, 30*time.Second, "two sweeps without n1", func() bool { return testutil.ToFloat64(s.checks) >= checks+2 })
 	if got := totalMoves(s); got != moves {
 		t.Errorf("steward asked for %v step-downs while no chosen server was up", got-moves)
 	}
@@ -196,7 +184,7 @@ func TestStewardKeepsLeadersOnChosenServer(t *testing.T) {
 
 	restarted := time.Now()
 	c.Restart("n1")
-	waitFor(t, 60*time.Second, "leaders back on n1 after its restart", func() bool { return allOn(leaders(t, s), "n1") })
+	waittest.Until(t, 60*time.Second, "leaders back on n1 after its restart", func() bool { return allOn(leaders(t, s), "n1") })
 	fmt.Printf("steward: %d raft groups back on n1 %v after its restart\n", groups, time.Since(restarted).Round(10*time.Millisecond))
 }
 
@@ -213,12 +201,21 @@ type holdBox struct {
 	mu     sync.Mutex
 	hold   Hold
 	breaks []string
+	reads  int // the steward reads the hold once a poll
 }
 
 func (h *holdBox) get() Hold {
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	h.reads++
 	return h.hold
+}
+
+// polls is how many times the steward has read the hold.
+func (h *holdBox) polls() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reads
 }
 
 func (h *holdBox) set(x Hold) {
@@ -275,7 +272,7 @@ func TestStewardObeysALeadersHold(t *testing.T) {
 		BreakAfter: 2 * time.Second}, b.NC, b.JS, sys, testLog())
 	sweepUntil := func(what string, cond func(map[string]string) bool) {
 		t.Helper()
-		waitFor(t, 60*time.Second, what, func() bool {
+		waittest.Until(t, 60*time.Second, what, func() bool {
 			s.Sweep(ctx)
 			return cond(leaders(t, s))
 		})
@@ -294,7 +291,7 @@ func TestStewardObeysALeadersHold(t *testing.T) {
 	// put on n2 stay there.
 	box.set(Hold{ID: "h2"})
 	force := New(Config{LeaderServers: []string{"n2"}, Streams: bus.Streams(), MinGap: time.Millisecond}, b.NC, b.JS, sys, testLog())
-	waitFor(t, 60*time.Second, "leaders forced onto n2", func() bool {
+	waittest.Until(t, 60*time.Second, "leaders forced onto n2", func() bool {
 		force.Sweep(ctx)
 		return allOn(leaders(t, force), "n2")
 	})
@@ -322,7 +319,7 @@ func TestStewardObeysALeadersHold(t *testing.T) {
 	c.Stop("n2")
 	c.Stop("n3")
 	began := time.Now()
-	waitFor(t, 90*time.Second, "the hold broken", func() bool {
+	waittest.Until(t, 90*time.Second, "the hold broken", func() bool {
 		s.Sweep(ctx)
 		return len(box.broken()) > 0
 	})
@@ -365,12 +362,14 @@ func TestStewardBreaksAHoldWhenCommandsCannotBeStored(t *testing.T) {
 	mu.Lock()
 	trouble = "cannot persist decisions since 02:10: context deadline exceeded"
 	mu.Unlock()
-	time.Sleep(time.Second) // several polls: no hold, nothing to break
+	// Several polls, each of which would break a hold: none to break.
+	seen := box.polls()
+	waittest.Until(t, 5*time.Second, "three polls with the trouble and no hold", func() bool { return box.polls() >= seen+3 })
 	if got := box.broken(); len(got) != 0 {
 		t.Fatalf("broke %v without a hold", got)
 	}
 	box.set(Hold{ID: "h1"})
-	waitFor(t, 5*time.Second, "the hold broken", func() bool { return len(box.broken()) > 0 })
+	waittest.Until(t, 5*time.Second, "the hold broken", func() bool { return len(box.broken()) > 0 })
 	if got := box.broken(); len(got) != 1 || got[0] != "h1: the arbiter leader cannot store its state or its commands (cannot persist decisions since 02:10: context deadline exceeded)" {
 		t.Fatalf("breaks %v", got)
 	}

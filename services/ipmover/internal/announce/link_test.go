@@ -13,6 +13,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	"github.com/fanpbx/fan/lab/netlab/netlabtest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // staleMAC is what the peer believes before the announcement: the old holder.
@@ -73,7 +74,7 @@ func (n *lan) neigh(t *testing.T, ip netip.Addr) string {
 func (n *lan) waitNeigh(t *testing.T, ip netip.Addr, within time.Duration, what string) {
 	t.Helper()
 	want := n.pair.MACA.String()
-	netlabtest.WaitUntil(t, within, what, func() bool { return n.neigh(t, ip) == want })
+	waittest.Until(t, within, what, func() bool { return n.neigh(t, ip) == want })
 }
 
 // capture opens an ARP capture on B's interface.

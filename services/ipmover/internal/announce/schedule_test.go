@@ -97,7 +97,7 @@ func (f *fakeTx) sent() []sent {
 	return slices.Clone(f.log)
 }
 
-func (f *fakeTx) waitFor(t *testing.T, n int) {
+func (f *fakeTx) waitSent(t *testing.T, n int) {
 	t.Helper()
 	for range n {
 		select {
@@ -154,7 +154,7 @@ func TestScheduleOrderTimingAndStop(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 3 + 2 burst packets, then two refreshes of a request and a reply each.
-	tx.waitFor(t, 5+4)
+	tx.waitSent(t, 5+4)
 	stop()
 	got := tx.sent()
 	if a.Active() != 0 {
@@ -198,7 +198,7 @@ func TestScheduleIPv6SendsAdvertisements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx.waitFor(t, 3)
+	tx.waitSent(t, 3)
 	stop()
 	if k := kinds(tx.sent()); !slices.Equal(k, []string{"na", "na", "na"}) {
 		t.Errorf("kinds %v, want three advertisements", k)
@@ -216,7 +216,7 @@ func TestScheduleEndsWithContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tx.waitFor(t, 3)
+	tx.waitSent(t, 3)
 	cancel()
 	stop() // returns only once the goroutine has ended
 	if a.Active() != 0 {

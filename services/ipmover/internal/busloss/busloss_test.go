@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 func TestValidateLease(t *testing.T) {
@@ -80,34 +82,23 @@ func (h *harness) snapshot() (rel, reg []time.Duration) {
 	return append([]time.Duration(nil), h.released...), append([]time.Duration(nil), h.regained...)
 }
 
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
 // Release: once contact has been gone for the lease, the addresses go,
 // exactly once per loss, never earlier; contact regained is reported.
 func TestReleaseAfterLease(t *testing.T) {
 	h, stop := run(t, Release, nil)
 	defer stop()
-	waitFor(t, "first good check", func() bool { return h.checks.Load() > 0 })
+	waittest.Until(t, 5*time.Second, "first good check", func() bool { return h.checks.Load() > 0 })
 	h.reachable.Store(false)
-	waitFor(t, "release", func() bool { rel, _ := h.snapshot(); return len(rel) == 1 })
+	waittest.Until(t, 5*time.Second, "release", func() bool { rel, _ := h.snapshot(); return len(rel) == 1 })
 	// Many more failing checks: still one release.
 	n := h.checks.Load()
-	waitFor(t, "more failing checks", func() bool { return h.checks.Load() > n+10 })
+	waittest.Until(t, 5*time.Second, "more failing checks", func() bool { return h.checks.Load() > n+10 })
 	rel, _ := h.snapshot()
 	if len(rel) != 1 || rel[0] < 60*time.Millisecond {
 		t.Fatalf("releases %v: want exactly one, after at least the 60ms lease", rel)
 	}
 	h.reachable.Store(true)
-	waitFor(t, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
+	waittest.Until(t, 5*time.Second, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
 }
 
 // Hold: however long the bus is gone, nothing is released; contact
@@ -115,16 +106,16 @@ func TestReleaseAfterLease(t *testing.T) {
 func TestHoldNeverReleases(t *testing.T) {
 	h, stop := run(t, Hold, nil)
 	defer stop()
-	waitFor(t, "first good check", func() bool { return h.checks.Load() > 0 })
+	waittest.Until(t, 5*time.Second, "first good check", func() bool { return h.checks.Load() > 0 })
 	h.reachable.Store(false)
 	n := h.checks.Load()
 	// 30 failing checks at 10ms is five leases' worth.
-	waitFor(t, "failing checks", func() bool { return h.checks.Load() > n+30 })
+	waittest.Until(t, 5*time.Second, "failing checks", func() bool { return h.checks.Load() > n+30 })
 	if rel, _ := h.snapshot(); len(rel) != 0 {
 		t.Fatalf("hold policy released: %v", rel)
 	}
 	h.reachable.Store(true)
-	waitFor(t, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
+	waittest.Until(t, 5*time.Second, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
 }
 
 // The cluster's leaders stop answering while this node's own server
@@ -134,18 +125,18 @@ func TestHoldNeverReleases(t *testing.T) {
 func TestClusterLossNeverReleasesAndResyncsOnReturn(t *testing.T) {
 	h, stop := run(t, Release, clusterAnswers)
 	defer stop()
-	waitFor(t, "first cluster check", func() bool { return h.clusterChecks.Load() > 0 })
+	waittest.Until(t, 5*time.Second, "first cluster check", func() bool { return h.clusterChecks.Load() > 0 })
 	h.clusterUp.Store(false)
 	n := h.clusterChecks.Load()
 	// 20 failing cluster checks at 20ms is six leases' worth.
-	waitFor(t, "failing cluster checks", func() bool { return h.clusterChecks.Load() > n+20 })
+	waittest.Until(t, 5*time.Second, "failing cluster checks", func() bool { return h.clusterChecks.Load() > n+20 })
 	if rel, reg := h.snapshot(); len(rel) != 0 || len(reg) != 0 {
 		t.Fatalf("on a cluster loss with the local server answering: released %v, regained %v; want neither", rel, reg)
 	}
 	h.clusterUp.Store(true)
-	waitFor(t, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
+	waittest.Until(t, 5*time.Second, "regained", func() bool { _, reg := h.snapshot(); return len(reg) == 1 })
 	n = h.clusterChecks.Load()
-	waitFor(t, "more good cluster checks", func() bool { return h.clusterChecks.Load() > n+5 })
+	waittest.Until(t, 5*time.Second, "more good cluster checks", func() bool { return h.clusterChecks.Load() > n+5 })
 	if _, reg := h.snapshot(); len(reg) != 1 {
 		t.Fatalf("regained reported %d times for one return, want 1", len(reg))
 	}
@@ -156,10 +147,10 @@ func TestClusterLossNeverReleasesAndResyncsOnReturn(t *testing.T) {
 // the node's own server is lost; the release still happens.
 func TestHungClusterCheckNeverDelaysRelease(t *testing.T) {
 	// Hangs until the monitor stops, whatever its own deadline.
-	hang := func(h *harness, _ context.Context) error { <-h.ctx.Done(); return h.ctx.Err() }
+	hang := func(h *harness, _ context.Context) error { h.clusterChecks.Add(1); <-h.ctx.Done(); return h.ctx.Err() }
 	h, stop := run(t, Release, hang)
 	defer stop()
-	time.Sleep(50 * time.Millisecond) // the cluster check is hanging by now
+	waittest.Until(t, 5*time.Second, "the cluster check hanging", func() bool { return h.clusterChecks.Load() > 0 })
 	h.reachable.Store(false)
-	waitFor(t, "release", func() bool { rel, _ := h.snapshot(); return len(rel) == 1 })
+	waittest.Until(t, 5*time.Second, "release", func() bool { rel, _ := h.snapshot(); return len(rel) == 1 })
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/fanpbx/fan/lab/kamailio"
 	"github.com/fanpbx/fan/lab/kamailio/kamailiotest"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 func testLog(t testing.TB, extra io.Writer) *slog.Logger {
@@ -39,7 +41,7 @@ type lab struct {
 // for it, and waits until its JSON-RPC answers.
 func startLab(t *testing.T, list string, log *slog.Logger) *lab {
 	t.Helper()
-	l := &lab{proxyPort: kamailiotest.FreePort(t), listFile: filepath.Join(t.TempDir(), "dispatcher.list")}
+	l := &lab{proxyPort: porttest.Port(t), listFile: filepath.Join(t.TempDir(), "dispatcher.list")}
 	if err := os.WriteFile(l.listFile, []byte(list), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -50,18 +52,11 @@ func startLab(t *testing.T, list string, log *slog.Logger) *lab {
 		t.Fatal(err)
 	}
 	l.client = c
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	// Kamailio gives no readiness signal but its listening socket.
+	waittest.Succeeds(t, 10*time.Second, "proxy JSON-RPC answering", func() error {
 		_, err := c.List(t.Context())
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("proxy JSON-RPC never answered: %v", err)
-		}
-		// Kamailio gives no readiness signal but its listening socket.
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err
+	})
 	return l
 }
 
@@ -193,13 +188,13 @@ func TestApplyList(t *testing.T) {
 	l := startLab(t, fmt.Sprintf("1 %s 8 0 weight=50\n1 %s 8 0 weight=50\n", uriA, uriB), testLog(t, logs))
 	ctx := t.Context()
 
-	deadline := time.Now().Add(10 * time.Second)
-	for f := flagsOf(t, l.client, uriA); !strings.HasPrefix(f, "I") && !strings.HasPrefix(f, "T"); f = flagsOf(t, l.client, uriA) {
-		if time.Now().After(deadline) {
-			t.Fatalf("kamailio never probed the dead destination down: flags %s", f)
+	// No event to wait on but the list itself.
+	waittest.Succeeds(t, 10*time.Second, "kamailio probing the dead destination down", func() error {
+		if f := flagsOf(t, l.client, uriA); !strings.HasPrefix(f, "I") && !strings.HasPrefix(f, "T") {
+			return fmt.Errorf("flags %s", f)
 		}
-		time.Sleep(50 * time.Millisecond) // no event to wait on but the list itself
-	}
+		return nil
+	})
 	changes, err := l.client.Sync(ctx, map[string]State{uriA: Active})
 	if err != nil || len(changes) != 0 {
 		t.Fatalf("sync active over a probed-down node: changes %+v err %v; want none (kamailio knows better)", changes, err)

@@ -14,6 +14,8 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/dispatcher"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute/executetest"
 )
@@ -36,7 +38,7 @@ func TestDispatcherExecutorContract(t *testing.T) {
 	if err := os.WriteFile(list, fmt.Appendf(nil, "1 %s 8 0 duid=n1\n1 %s 8 0 duid=n2\n", uriA, uriB), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	port := kamailiotest.FreePort(t)
+	port := porttest.Port(t)
 	// One Kamailio for every case, put back to the starting states by each.
 	kamailiotest.Start(t, "proxy", kamailio.ProxyConfig(port, list))
 	rpcURL := fmt.Sprintf("http://127.0.0.1:%d/RPC", port)
@@ -60,17 +62,11 @@ func TestDispatcherExecutorContract(t *testing.T) {
 	}
 	set := func(t *testing.T, want map[string]dispatcher.State) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for {
+		// Kamailio may still be starting.
+		waittest.Succeeds(t, 10*time.Second, fmt.Sprintf("set %v by hand", want), func() error {
 			_, err := kam.Sync(t.Context(), want)
-			if err == nil {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("set %v by hand: %v", want, err)
-			}
-			time.Sleep(50 * time.Millisecond) // Kamailio is still starting
-		}
+			return err
+		})
 	}
 	start := map[string]dispatcher.State{uriA: dispatcher.Active, uriB: dispatcher.Disabled}
 

@@ -11,11 +11,12 @@ import (
 
 	"github.com/fanpbx/fan/lab/kamailio"
 	"github.com/fanpbx/fan/lab/kamailio/kamailiotest"
-	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/dispatcher"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute/executetest"
 )
@@ -89,7 +90,7 @@ func TestDispatcherExecutorSteersCalls(t *testing.T) {
 	uasA := kamailiotest.Start(t, "uas-a", kamailio.UASConfig("a", portA))
 	uasB := kamailiotest.Start(t, "uas-b", kamailio.UASConfig("b", portB))
 	uriA, uriB := fmt.Sprintf("sip:127.0.0.1:%d", portA), fmt.Sprintf("sip:127.0.0.1:%d", portB)
-	proxyPort := kamailiotest.FreePort(t)
+	proxyPort := porttest.Port(t)
 	list := filepath.Join(t.TempDir(), "dispatcher.list")
 	if err := os.WriteFile(list, []byte(fmt.Sprintf("1 %s 8 0 duid=n1\n1 %s 8 0 duid=n2\n", uriA, uriB)), 0o644); err != nil {
 		t.Fatal(err)
@@ -127,7 +128,7 @@ func TestDispatcherExecutorSteersCalls(t *testing.T) {
 	// showed the wanted flags (a measured figure, not asserted).
 	waitFlags := func(uri, prefix string, since time.Time) time.Duration {
 		t.Helper()
-		netlabtest.WaitUntil(t, 10*time.Second, uri+" flags "+prefix, func() bool { return strings.HasPrefix(flags(uri), prefix) })
+		waittest.Until(t, 10*time.Second, uri+" flags "+prefix, func() bool { return strings.HasPrefix(flags(uri), prefix) })
 		return time.Since(since)
 	}
 	calls := func(n int) (a, b int) {
@@ -190,7 +191,7 @@ func TestDispatcherExecutorSteersCalls(t *testing.T) {
 	if _, err := h.Ctl.Emit(t.Context(), events.DispatcherWeights{Group: "pbx", Weights: map[string]int{"n1": 80, "n2": 35}, Reason: "test"}); err != nil {
 		t.Fatal(err)
 	}
-	netlabtest.WaitUntil(t, 15*time.Second, "weights in Kamailio", func() bool {
+	waittest.Until(t, 15*time.Second, "weights in Kamailio", func() bool {
 		l, err := kam.List(t.Context())
 		if err != nil {
 			return false

@@ -13,9 +13,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestDNSSiteFailoverChain is a DNS site failover end to end with every part real: the
@@ -201,7 +201,7 @@ func lastLines(s string, n int) string {
 func (h *harness) moveApplied(action events.Action, to string, within time.Duration) *events.ArbiterDecision {
 	h.T.Helper()
 	var d *events.ArbiterDecision
-	netlabtest.WaitUntil(h.T, within, fmt.Sprintf("%s to %s, applied", action, to), func() bool {
+	waittest.Until(h.T, within, fmt.Sprintf("%s to %s, applied", action, to), func() bool {
 		_, pays := h.Events()
 		for _, p := range pays {
 			if dec, ok := p.(*events.ArbiterDecision); ok && dec.Group == "web" && dec.Action == action && dec.To == to && len(dec.Commands) > 0 {

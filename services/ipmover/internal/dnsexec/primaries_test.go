@@ -13,8 +13,8 @@ import (
 	"github.com/miekg/dns"
 
 	"github.com/fanpbx/fan/lab/bindtest"
-	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute/executetest"
 )
 
@@ -86,7 +86,7 @@ func TestDNSPrimariesDarkSite(t *testing.T) {
 	a.Signal(t, syscall.SIGCONT)
 	a.SetA(t, "sip.voip.test", siteAIP)
 	back := time.Now()
-	netlabtest.WaitUntil(t, 5*time.Second, "site A's server brought in line", func() bool { return servesSite(t, a, siteBIP) })
+	waittest.Until(t, 5*time.Second, "site A's server brought in line", func() bool { return servesSite(t, a, siteBIP) })
 	t.Logf("site A's server served site B again %v after it served site A (resync %v)", time.Since(back).Round(time.Millisecond), cfg.DNS.Resync)
 	_, p := h.WaitEvent("the correction", func(_ events.Envelope, p events.Payload) bool {
 		c, ok := p.(*events.AddressCorrection)
@@ -129,13 +129,13 @@ func TestDNSPrimariesDarkSite(t *testing.T) {
 	b.Signal(t, syscall.SIGCONT)
 	// The failed claim was still the arbiter's choice: both servers follow
 	// it once they answer.
-	netlabtest.WaitUntil(t, 5*time.Second, "both servers on site A", func() bool { return servesSite(t, a, siteAIP) && servesSite(t, b, siteAIP) })
+	waittest.Until(t, 5*time.Second, "both servers on site A", func() bool { return servesSite(t, a, siteAIP) && servesSite(t, b, siteAIP) })
 
 	// A restart keeps them in line from the recorded claim.
 	h.stop("dns1")
 	b.SetA(t, "sip.voip.test", siteBIP)
 	h.start(cfg)
-	netlabtest.WaitUntil(t, 5*time.Second, "site B's server back on site A after the restart", func() bool { return servesSite(t, b, siteAIP) })
+	waittest.Until(t, 5*time.Second, "site B's server back on site A after the restart", func() bool { return servesSite(t, b, siteAIP) })
 }
 
 // The primaries' mode keeps the executor contract against two real BINDs.

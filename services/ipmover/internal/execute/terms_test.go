@@ -3,11 +3,13 @@ package execute
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // records is a lease's records by sequence, for the pure checks. Reads may
@@ -166,17 +168,14 @@ func TestHedgedReadKeepsAtMostMaxInFlight(t *testing.T) {
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("hedgedRead = %v, want the deadline", err)
 	}
-	for deadline := time.Now().Add(time.Second); ; time.Sleep(time.Millisecond) {
+	waittest.Succeeds(t, time.Second, "every attempt finished after the read returned", func() error {
 		mu.Lock()
-		left := inFlight
-		mu.Unlock()
-		if left == 0 {
-			break
+		defer mu.Unlock()
+		if inFlight != 0 {
+			return fmt.Errorf("%d attempts still waiting", inFlight)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%d attempts still waiting a second after the read returned", left)
-		}
-	}
+		return nil
+	})
 	mu.Lock()
 	defer mu.Unlock()
 	if most != maxInFlight || started <= maxInFlight {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute/executetest"
 	"github.com/fanpbx/fan/services/ipmover/internal/keeper"
@@ -161,7 +162,7 @@ func TestClaimAdoptsCalls(t *testing.T) {
 		t.Fatalf("claim's calls %+v, want %+v", r.Calls, wantCalls)
 	}
 	var rec events.CallRecord
-	netlabtest.WaitUntil(t, 3*time.Second, "kept record written", func() bool {
+	waittest.Until(t, 3*time.Second, "kept record written", func() bool {
 		var ok bool
 		rec, ok = h.kept("n2", "c1")
 		return ok
@@ -192,7 +193,7 @@ func TestClaimAdoptsCalls(t *testing.T) {
 	if _, err := b.WriteToUDPAddrPort([]byte(answer), from); err != nil {
 		t.Fatal(err)
 	}
-	netlabtest.WaitUntil(t, 3*time.Second, "kept record deleted", func() bool { _, ok := h.kept("n2", "c1"); return !ok })
+	waittest.Until(t, 3*time.Second, "kept record deleted", func() bool { _, ok := h.kept("n2", "c1"); return !ok })
 }
 
 // A bus slower than the claim: the result says deferred, and the adoption
@@ -226,7 +227,7 @@ func TestDeferredAdoptionAndRelease(t *testing.T) {
 	if env.CausationID != claim.ID || ev.CommandID != claim.ID || ev.Node != "n2" || ev.Calls.Adopted != 1 {
 		t.Fatalf("calls.adopted %+v caused by %s; want 1 adopted, caused by the claim %s", ev, env.CausationID, claim.ID)
 	}
-	netlabtest.WaitUntil(t, 3*time.Second, "kept record written", func() bool { _, ok := h.kept("n2", "c1"); return ok })
+	waittest.Until(t, 3*time.Second, "kept record written", func() bool { _, ok := h.kept("n2", "c1"); return ok })
 	if s.keeper.Kept() != 1 {
 		t.Fatalf("keeping %d calls", s.keeper.Kept())
 	}
@@ -332,7 +333,7 @@ func TestCallsFollowTheGroup(t *testing.T) {
 				t.Fatalf("move %d to %s: adopted %+v; want %d from %s", i, to, a, calls, wantFrom)
 			}
 			var rec events.CallRecord
-			netlabtest.WaitUntil(t, 3*time.Second, "kept record of "+to, func() bool {
+			waittest.Until(t, 3*time.Second, "kept record of "+to, func() bool {
 				var ok bool
 				rec, ok = h.kept(to, "c000")
 				return ok && rec.UpdatedAt.After(received)
@@ -342,7 +343,7 @@ func TestCallsFollowTheGroup(t *testing.T) {
 					i, to, rec.AdoptedFrom, rec.Legs[0].CSeq, wantFrom, keeper.CSeqBase+i-1)
 			}
 			if i > 1 {
-				netlabtest.WaitUntil(t, 10*time.Second, from+"'s records handed over", func() bool {
+				waittest.Until(t, 10*time.Second, from+"'s records handed over", func() bool {
 					_, ok := h.kept(from, "c000")
 					return !ok
 				})

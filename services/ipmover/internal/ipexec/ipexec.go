@@ -17,6 +17,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -81,6 +82,10 @@ type Service struct {
 	listKeys func(context.Context) ([]string, error) // group status keys
 	bg       sync.WaitGroup                          // event publications and adoptions in flight
 	conds    *daemon.Conditions
+	// busChecksFailed counts the bus-loss policy's failed checks: how long
+	// the policy has seen the bus gone, in checks rather than in time, for
+	// a test that proves it held on.
+	busChecksFailed atomic.Int64
 	// resyncRetry wakes runResyncRetries after an incomplete re-sync.
 	resyncRetry chan string
 	// bgCtx ends the background work (reads of call records) at stop.
@@ -203,165 +208,203 @@ func (s *Service) Run(ctx context.Context) error {
 	}
 	defer closeAll()
 	return daemon.Serve(ctx, s.cfg.Common, "ipmover", s.version, s.log, func(ctx context.Context, rt *daemon.Runtime) error {
-		collectors := s.m.all
-		if s.keeper != nil {
-			collectors = append(collectors, s.keeper.Metrics().Collectors()...)
-		}
-		for _, c := range collectors {
-			if err := rt.Metrics.Register(c); err != nil {
-				return fmt.Errorf("ipmover metrics: %w", err)
-			}
-		}
-		// Results and reports go through the outbox: retried until the
-		// audit stream stores them, without holding up the next command.
-		s.pub = rt.Outbox
-		s.watch = rt.Bus.Watch
-		s.openCalls = rt.Bus.CallsKV
-		s.conds = rt.Conditions
-		s.conds.Declare(condResyncIncomplete)
-		s.resyncRetry = make(chan string, 1)
-		contract, err := execute.Open(ctx, rt, s.contractConfig())
-		if err != nil {
+		if err := s.attach(ctx, rt); err != nil {
 			return err
 		}
-		s.contract = contract
-		// The state bucket is opened on first use and again after a failed
-		// open, so a bucket unreachable at start does not leave every
-		// later re-sync and confirmation failing.
-		var kvMu sync.Mutex
-		var kvOpen jetstream.KeyValue
-		stateKV := func(ctx context.Context) (jetstream.KeyValue, error) {
-			kvMu.Lock()
-			defer kvMu.Unlock()
-			if kvOpen == nil {
-				kv, err := rt.Bus.StateKV(ctx)
-				if err != nil {
-					return nil, err
-				}
-				kvOpen = kv
-			}
-			return kvOpen, nil
-		}
-		// Whether this node still holds an address is read through the
-		// bucket's raft leader: a direct get may be answered by a replica
-		// just back from a partition, with the holder of before it (seen in
-		// the colocated chaos run: both nodes kept the address, each
-		// reading itself named holder).
-		s.kv = func(ctx context.Context, key string) ([]byte, error) {
-			return rt.Bus.LeaderGetKV(ctx, events.StateBucket, key)
-		}
-		s.listKeys = func(ctx context.Context) ([]string, error) {
-			kv, err := stateKV(ctx)
-			if err != nil {
-				return nil, err
-			}
-			l, err := kv.ListKeysFiltered(ctx, events.AllGroupStatusKeys(s.cfg.Cluster))
-			if err != nil {
-				return nil, err
-			}
-			var keys []string
-			for k := range l.Keys() {
-				keys = append(keys, k)
-			}
-			return keys, nil
-		}
 		s.resyncOrRetry(ctx, "start")
-
-		// The run group's actors, in the order they stop (daemon.Group):
-		//  1. commands: no command is taken any more; the one in hand is
-		//     finished and its result posted;
-		//  2. the loops that change addresses on their own (reconcile,
-		//     conflict watch, re-sync retries, bus-loss policy), so nothing
-		//     re-adds an address after the release;
-		//  3. release: every managed address is removed while the bus is
-		//     still up to report it.
-		// Serve then stores the last results (the outbox) and closes the bus.
 		g, _ := daemon.NewGroup(ctx)
-		g.Go("commands", func(ctx context.Context) error { return s.contract.Consume(ctx, rt.Bus, s.cfg.Node) })
-		// The watchdog counts the reconcile loop alive while it turns (at
-		// least once a period).
-		alive := rt.Loop("reconcile", 3*s.cfg.ReconcilePeriod.D()+5*time.Second)
-		g.Go("reconcile", func(ctx context.Context) error {
-			defer alive.Done()
-			if err := s.loop.RunTurning(ctx, alive.Alive); err != nil {
-				s.log.Error("reconcile loop stopped", "err", err)
-			}
-			<-ctx.Done() // a loop that stopped early is logged, not fatal
-			return nil
-		})
-		if s.cfg.Conflict.Watch == nil || *s.cfg.Conflict.Watch {
-			resolver := conflict.NewResolver(s, conflict.Config{
-				Node: s.cfg.Node, OwnMAC: s.link.HardwareAddr().String(),
-				Confirm:     conflict.Confirmer{Cluster: s.cfg.Cluster, Node: s.cfg.Node, Read: s.kv}.Confirm,
-				Report:      s.reportConflict,
-				Timeout:     s.cfg.Conflict.ConfirmTimeout.D(),
-				MinInterval: s.cfg.Conflict.MinInterval.D(),
-				Logger:      s.log,
-			})
-			g.Go("conflict_watch", func(ctx context.Context) error {
-				if err := s.link.WatchARP(ctx, func(seen announce.Seen) { resolver.Seen(ctx, seen) }); err != nil {
-					s.log.Error("ARP conflict watch stopped", "err", err)
-				}
-				<-ctx.Done()
-				resolver.Wait()
-				return nil
-			})
-		}
-		g.Go("resync_retries", func(ctx context.Context) error { s.runResyncRetries(ctx); return nil })
-		if s.keeper != nil {
-			g.Go("calls_handover", func(ctx context.Context) error { s.runHandover(ctx); return nil })
-		}
-		s.m.busContact.Set(1)
-		g.Go("bus_loss", func(ctx context.Context) error {
-			busloss.Run(ctx, busloss.Config{
-				Policy: s.cfg.BusLoss.Policy, ReleaseAfter: s.cfg.BusLoss.ReleaseAfter.D(), CheckEvery: s.cfg.BusLoss.CheckEvery.D(),
-				Check: func(ctx context.Context) error {
-					err := rt.Bus.NC.FlushWithContext(ctx)
-					s.m.busContact.Set(map[bool]float64{true: 1, false: 0}[err == nil])
-					return err
-				},
-				// The state bucket's raft leader answers its info; a server
-				// cut off from the others stays silent or, once it has
-				// given its leader up, answers itself naming none.
-				ClusterCheck: func(ctx context.Context) error {
-					st, err := rt.Bus.JS.Stream(ctx, events.KVStreamName(events.StateBucket))
-					if err != nil {
-						return err
-					}
-					if c := st.CachedInfo().Cluster; c != nil && c.Leader == "" {
-						return errors.New("the state bucket has no raft leader")
-					}
-					return nil
-				},
-				OnRelease:  s.releaseForBusLoss,
-				OnRegained: func(time.Duration) { s.regained(ctx) },
-				Logger:     s.log,
-			})
-			return nil
-		})
-		var releaseErr error
-		g.Go("release", func(ctx context.Context) error {
-			<-ctx.Done()
-			sctx, cancel := rt.ShutdownContext(ctx)
-			defer cancel()
-			if err := s.releaseAll(sctx); err != nil {
-				s.log.Error("release on stop failed", "err", err)
-				releaseErr = err
-			} else {
-				s.log.Info("released all floating addresses on stop")
-			}
-			s.stopBackground()
-			if s.keeper != nil {
-				// The kept records stay for the next holder; the deletes of
-				// calls that ended are written while the bus is up.
-				s.keeper.Close(sctx)
-			}
-			s.bg.Wait()
-			return nil
-		})
-		err = g.Wait()
-		return errors.Join(err, releaseErr)
+		releaseErr := s.addActors(g, rt)
+		err := g.Wait()
+		return errors.Join(err, *releaseErr)
 	})
+}
+
+// attach connects the service to the runtime: its metrics, the outbox it
+// reports through, the command contract, and its reads of the state bucket.
+func (s *Service) attach(ctx context.Context, rt *daemon.Runtime) error {
+	collectors := s.m.all
+	if s.keeper != nil {
+		collectors = append(collectors, s.keeper.Metrics().Collectors()...)
+	}
+	for _, c := range collectors {
+		if err := rt.Metrics.Register(c); err != nil {
+			return fmt.Errorf("ipmover metrics: %w", err)
+		}
+	}
+	// Results and reports go through the outbox: retried until the
+	// audit stream stores them, without holding up the next command.
+	s.pub = rt.Outbox
+	s.watch = rt.Bus.Watch
+	s.openCalls = rt.Bus.CallsKV
+	s.conds = rt.Conditions
+	s.conds.Declare(condResyncIncomplete)
+	s.resyncRetry = make(chan string, 1)
+	contract, err := execute.Open(ctx, rt, s.contractConfig())
+	if err != nil {
+		return err
+	}
+	s.contract = contract
+	// Whether this node still holds an address is read through the
+	// bucket's raft leader: a direct get may be answered by a replica
+	// just back from a partition, with the holder of before it (seen in
+	// the colocated chaos run: both nodes kept the address, each
+	// reading itself named holder).
+	s.kv = func(ctx context.Context, key string) ([]byte, error) {
+		return rt.Bus.LeaderGetKV(ctx, events.StateBucket, key)
+	}
+	s.listKeys = groupStatusKeys(rt.Bus, s.cfg.Cluster)
+	return nil
+}
+
+// groupStatusKeys lists the cluster's group status keys. The state bucket
+// is opened on first use and again after a failed open, so a bucket
+// unreachable at start does not leave every later re-sync and
+// confirmation failing.
+func groupStatusKeys(b *bus.Bus, cluster string) func(context.Context) ([]string, error) {
+	var kvMu sync.Mutex
+	var kvOpen jetstream.KeyValue
+	stateKV := func(ctx context.Context) (jetstream.KeyValue, error) {
+		kvMu.Lock()
+		defer kvMu.Unlock()
+		if kvOpen == nil {
+			kv, err := b.StateKV(ctx)
+			if err != nil {
+				return nil, err
+			}
+			kvOpen = kv
+		}
+		return kvOpen, nil
+	}
+	return func(ctx context.Context) ([]string, error) {
+		kv, err := stateKV(ctx)
+		if err != nil {
+			return nil, err
+		}
+		l, err := kv.ListKeysFiltered(ctx, events.AllGroupStatusKeys(cluster))
+		if err != nil {
+			return nil, err
+		}
+		var keys []string
+		for k := range l.Keys() {
+			keys = append(keys, k)
+		}
+		return keys, nil
+	}
+}
+
+// addActors hands the actors to the run group, in the order they stop
+// (daemon.Group):
+//  1. commands: no command is taken any more; the one in hand is
+//     finished and its result posted;
+//  2. the loops that change addresses on their own (reconcile,
+//     conflict watch, re-sync retries, bus-loss policy), so nothing
+//     re-adds an address after the release;
+//  3. release: every managed address is removed while the bus is
+//     still up to report it.
+//
+// Serve then stores the last results (the outbox) and closes the bus. The
+// release's failure is read once the group has stopped.
+func (s *Service) addActors(g *daemon.Group, rt *daemon.Runtime) (releaseErr *error) {
+	g.Go("commands", func(ctx context.Context) error { return s.contract.Consume(ctx, rt.Bus, s.cfg.Node) })
+	// The watchdog counts the reconcile loop alive while it turns (at
+	// least once a period).
+	alive := rt.Loop("reconcile", 3*s.cfg.ReconcilePeriod.D()+5*time.Second)
+	g.Go("reconcile", func(ctx context.Context) error {
+		defer alive.Done()
+		if err := s.loop.RunTurning(ctx, alive.Alive); err != nil {
+			s.log.Error("reconcile loop stopped", "err", err)
+		}
+		<-ctx.Done() // a loop that stopped early is logged, not fatal
+		return nil
+	})
+	if s.cfg.Conflict.Watch == nil || *s.cfg.Conflict.Watch {
+		g.Go("conflict_watch", s.watchConflicts)
+	}
+	g.Go("resync_retries", func(ctx context.Context) error { s.runResyncRetries(ctx); return nil })
+	if s.keeper != nil {
+		g.Go("calls_handover", func(ctx context.Context) error { s.runHandover(ctx); return nil })
+	}
+	s.m.busContact.Set(1)
+	g.Go("bus_loss", func(ctx context.Context) error { s.runBusLoss(ctx, rt.Bus); return nil })
+	releaseErr = new(error)
+	g.Go("release", func(ctx context.Context) error {
+		<-ctx.Done()
+		*releaseErr = s.releaseOnStop(ctx, rt)
+		return nil
+	})
+	return releaseErr
+}
+
+// watchConflicts answers another host's ARP for an address this node
+// holds until ctx ends.
+func (s *Service) watchConflicts(ctx context.Context) error {
+	resolver := conflict.NewResolver(s, conflict.Config{
+		Node: s.cfg.Node, OwnMAC: s.link.HardwareAddr().String(),
+		Confirm:     conflict.Confirmer{Cluster: s.cfg.Cluster, Node: s.cfg.Node, Read: s.kv}.Confirm,
+		Report:      s.reportConflict,
+		Timeout:     s.cfg.Conflict.ConfirmTimeout.D(),
+		MinInterval: s.cfg.Conflict.MinInterval.D(),
+		Logger:      s.log,
+	})
+	if err := s.link.WatchARP(ctx, func(seen announce.Seen) { resolver.Seen(ctx, seen) }); err != nil {
+		s.log.Error("ARP conflict watch stopped", "err", err)
+	}
+	<-ctx.Done()
+	resolver.Wait()
+	return nil
+}
+
+// runBusLoss applies the bus-loss policy until ctx ends.
+func (s *Service) runBusLoss(ctx context.Context, b *bus.Bus) {
+	busloss.Run(ctx, busloss.Config{
+		Policy: s.cfg.BusLoss.Policy, ReleaseAfter: s.cfg.BusLoss.ReleaseAfter.D(), CheckEvery: s.cfg.BusLoss.CheckEvery.D(),
+		Check: func(ctx context.Context) error {
+			err := b.NC.FlushWithContext(ctx)
+			s.m.busContact.Set(map[bool]float64{true: 1, false: 0}[err == nil])
+			if err != nil {
+				s.busChecksFailed.Add(1)
+			}
+			return err
+		},
+		// The state bucket's raft leader answers its info; a server
+		// cut off from the others stays silent or, once it has
+		// given its leader up, answers itself naming none.
+		ClusterCheck: func(ctx context.Context) error {
+			st, err := b.JS.Stream(ctx, events.KVStreamName(events.StateBucket))
+			if err != nil {
+				return err
+			}
+			if c := st.CachedInfo().Cluster; c != nil && c.Leader == "" {
+				return errors.New("the state bucket has no raft leader")
+			}
+			return nil
+		},
+		OnRelease:  s.releaseForBusLoss,
+		OnRegained: func(time.Duration) { s.regained(ctx) },
+		Logger:     s.log,
+	})
+}
+
+// releaseOnStop removes every managed address, ends the background work
+// and waits for it, and returns the release's failure.
+func (s *Service) releaseOnStop(ctx context.Context, rt *daemon.Runtime) error {
+	sctx, cancel := rt.ShutdownContext(ctx)
+	defer cancel()
+	var releaseErr error
+	if err := s.releaseAll(sctx); err != nil {
+		s.log.Error("release on stop failed", "err", err)
+		releaseErr = err
+	} else {
+		s.log.Info("released all floating addresses on stop")
+	}
+	s.stopBackground()
+	if s.keeper != nil {
+		// The kept records stay for the next holder; the deletes of
+		// calls that ended are written while the bus is up.
+		s.keeper.Close(sctx)
+	}
+	s.bg.Wait()
+	return releaseErr
 }
 
 // contractConfig puts this executor under the command contract.

@@ -3,6 +3,7 @@ package ipexec
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
@@ -22,6 +23,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/busloss"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute/executetest"
@@ -174,7 +176,7 @@ func TestClaimMoveAndTimings(t *testing.T) {
 		}
 	}
 	t.Logf("placement steps (ms): %s", executetest.FormatSteps(r1))
-	netlabtest.WaitUntil(t, time.Second, "client follows n1", func() bool {
+	waittest.Until(t, time.Second, "client follows n1", func() bool {
 		return h.neigh(vip4.Addr()) == h.lan.MACs["n1"].String() && h.neigh(vip6.Addr()) == h.lan.MACs["n1"].String()
 	})
 
@@ -209,12 +211,12 @@ func TestClaimMoveAndTimings(t *testing.T) {
 	// Within the first burst (5 × 200 ms) of the first announcement.
 	burstEnd := executetest.StepAt(t, r2, StepAnnounced).Add(time.Second)
 	for _, ip := range []netip.Addr{vip4.Addr(), vip6.Addr()} {
-		for h.neigh(ip) != h.lan.MACs["n2"].String() {
-			if time.Now().After(burstEnd) {
-				t.Fatalf("client still maps %s to %s after the first burst; n2 is %s", ip, h.neigh(ip), h.lan.MACs["n2"])
+		waittest.Succeeds(t, time.Until(burstEnd), "the client maps "+ip.String()+" to n2 within the first burst", func() error {
+			if got := h.neigh(ip); got != h.lan.MACs["n2"].String() {
+				return fmt.Errorf("the client maps it to %s; n2 is %s", got, h.lan.MACs["n2"])
 			}
-			time.Sleep(5 * time.Millisecond)
-		}
+			return nil
+		})
 	}
 	if h.holds("n1", vip4) || h.holds("n1", vip6) || !h.holds("n2", vip4) || !h.holds("n2", vip6) {
 		t.Fatal("after the move n1 must hold nothing and n2 both addresses")
@@ -261,10 +263,10 @@ func TestRacingHoldersEndWithOne(t *testing.T) {
 	if c.OtherMAC != h.lan.MACs["n2"].String() || c.Holder != "n2" {
 		t.Fatalf("conflict %+v: want n2's MAC and holder n2", c)
 	}
-	netlabtest.WaitUntil(t, 5*time.Second, "one holder", func() bool {
+	waittest.Until(t, 5*time.Second, "one holder", func() bool {
 		return !h.holds("n1", vip4) && !h.holds("n1", vip6) && h.holds("n2", vip4) && h.holds("n2", vip6)
 	})
-	netlabtest.WaitUntil(t, 5*time.Second, "client follows n2", func() bool {
+	waittest.Until(t, 5*time.Second, "client follows n2", func() bool {
 		return h.neigh(vip4.Addr()) == h.lan.MACs["n2"].String()
 	})
 	// n2 never yields: it confirmed.
@@ -309,7 +311,7 @@ func TestVanishedAddressBack(t *testing.T) {
 	}
 	h.lan.Hosts["n1"].IP(t, "addr", "del", vip4.String(), "dev", netlabtest.LANInterface)
 	gone := time.Now()
-	netlabtest.WaitUntil(t, cfg.ReconcilePeriod.D(), "address back", func() bool { return h.holds("n1", vip4) })
+	waittest.Until(t, cfg.ReconcilePeriod.D(), "address back", func() bool { return h.holds("n1", vip4) })
 	t.Logf("re-added after %v", time.Since(gone))
 	h.WaitEvent("readded correction", func(_ events.Envelope, p events.Payload) bool {
 		c, ok := p.(*events.AddressCorrection)
@@ -419,20 +421,20 @@ func TestBusLossPolicies(t *testing.T) {
 			cut := time.Now()
 			h.Srv.Shutdown()
 			if policy == busloss.Release {
-				netlabtest.WaitUntil(t, 5*time.Second, "released", func() bool { return !h.holds("n1", vip4) })
+				waittest.Until(t, 5*time.Second, "released", func() bool { return !h.holds("n1", vip4) })
 				if d := time.Since(cut); d < 300*time.Millisecond {
 					t.Fatalf("released %v after the bus went, before the 300ms lease", d)
 				}
 				t.Logf("released %v after the bus went", time.Since(cut))
 				return
 			}
-			// Five leases' worth of silence: still held.
-			deadline := time.Now().Add(1500 * time.Millisecond)
-			for time.Now().Before(deadline) {
-				if !h.holds("n1", vip4) {
-					t.Fatalf("hold policy dropped the address %v after the bus went", time.Since(cut))
-				}
-				time.Sleep(50 * time.Millisecond)
+			// Thirty failed checks at 50 ms are five leases' worth of
+			// silence: still held.
+			s := h.svcs["n1"]
+			n := s.busChecksFailed.Load()
+			waittest.Until(t, 30*time.Second, "thirty failed bus checks", func() bool { return s.busChecksFailed.Load() >= n+30 })
+			if !h.holds("n1", vip4) {
+				t.Fatalf("hold policy dropped the address %v after the bus went", time.Since(cut))
 			}
 		})
 	}

@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
 
@@ -42,7 +42,7 @@ func TestResyncRetriesUntilComplete(t *testing.T) {
 	if !s.conds.Is(condResyncIncomplete) {
 		t.Fatal("resync_incomplete not raised after a failed re-sync")
 	}
-	netlabtest.WaitUntil(t, 10*time.Second, "resync_incomplete cleared", func() bool {
+	waittest.Until(t, 10*time.Second, "resync_incomplete cleared", func() bool {
 		return !s.conds.Is(condResyncIncomplete)
 	})
 	// Retries after 250, 500, 1000 and 2000 ms: complete on the fifth read.

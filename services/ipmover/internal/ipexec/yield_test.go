@@ -9,6 +9,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab/netlabtest"
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/announce"
 )
 
@@ -40,11 +41,11 @@ func TestYieldWithoutConfirmationIsUndoneWhileTheArbiterNamesThisNode(t *testing
 	// re-sync after it puts them back under an announcement schedule: with
 	// the client's entry pointed elsewhere, the schedule's second burst (5 s
 	// after the first) brings it back to n1.
-	netlabtest.WaitUntil(t, 10*time.Second, "n1 holds both addresses again", func() bool {
+	waittest.Until(t, 10*time.Second, "n1 holds both addresses again", func() bool {
 		return h.holds("n1", vip4) && h.holds("n1", vip6)
 	})
 	h.lan.Hosts["cl"].IP(t, "neigh", "replace", vip4.Addr().String(), "lladdr", staleMAC, "dev", netlabtest.LANInterface, "nud", "stale")
-	netlabtest.WaitUntil(t, 8*time.Second, "the client follows n1 again", func() bool {
+	waittest.Until(t, 8*time.Second, "the client follows n1 again", func() bool {
 		return h.neigh(vip4.Addr()) == h.lan.MACs["n1"].String()
 	})
 }
@@ -62,13 +63,13 @@ func TestYieldStandsWhenTheArbiterNamesAnotherNode(t *testing.T) {
 		c, ok := p.(*events.AddressConflict)
 		return ok && c.Node == "n1" && c.Action == events.ConflictYielded && c.Holder == "n2"
 	})
-	// Long enough for the re-sync after the yield (250 ms) and two retries.
-	deadline := time.Now().Add(2 * time.Second)
-	for time.Now().Before(deadline) {
-		if h.holds("n1", vip4) || h.holds("n1", vip6) {
-			t.Fatal("n1 took the address back although the arbiter names n2")
-		}
-		time.Sleep(100 * time.Millisecond)
+	// The yield left a re-sync due; once one has completed, nothing else
+	// would take the address back.
+	waittest.Until(t, 10*time.Second, "the re-sync after the yield completes", func() bool {
+		return !h.svcs["n1"].conds.Is(condResyncIncomplete)
+	})
+	if h.holds("n1", vip4) || h.holds("n1", vip6) {
+		t.Fatal("n1 took the address back although the arbiter names n2")
 	}
 }
 

@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // sent is one datagram the keeper sent.
@@ -127,19 +128,14 @@ func (s *fakeStore) Delete(_ context.Context, key string) error {
 
 func (s *fakeStore) waitOps(t *testing.T, want ...string) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for {
+	waittest.Succeeds(t, 3*time.Second, fmt.Sprintf("record writes %q", want), func() error {
 		s.mu.Lock()
-		got := slices.Clone(s.ops)
-		s.mu.Unlock()
-		if slices.Equal(got, want) {
-			return
+		defer s.mu.Unlock()
+		if !slices.Equal(s.ops, want) {
+			return fmt.Errorf("record writes %q", s.ops)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("record writes %q, want %q", got, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 func newTestKeeper(t *testing.T, cfg Config) (*Keeper, *fakeNet, *fakeStore) {

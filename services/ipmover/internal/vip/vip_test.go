@@ -11,6 +11,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/fanpbx/fan/lab/netlab/netlabtest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 func TestLabel(t *testing.T) {
@@ -161,7 +162,7 @@ func TestIPv6DADFailedIsRepaired(t *testing.T) {
 	v6 := netip.MustParsePrefix("2001:db8::20/64")
 	r.pair.B.IP(t, "addr", "add", v6.String(), "dev", "peer0", "nodad")
 	r.pair.A.IP(t, "addr", "add", v6.String(), "dev", "vip0")
-	netlabtest.WaitUntil(t, 10*time.Second, "DAD to fail", func() bool {
+	waittest.Until(t, 10*time.Second, "DAD to fail", func() bool {
 		a, ok := r.find(t, v6)
 		return ok && a.Flags&unix.IFA_F_DADFAILED != 0
 	})

@@ -15,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -241,13 +242,7 @@ func TestAMIReconnectsAfterDrop(t *testing.T) {
 		}
 		return n
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for logins() < 2 {
-		if time.Now().After(deadline) {
-			t.Fatal("no second login after the session was dropped")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waittest.Until(t, 5*time.Second, "a second login after the session was dropped", func() bool { return logins() >= 2 })
 	if tr, _ := h.next(t, 500*time.Millisecond); tr != nil {
 		t.Fatalf("a dropped session that came straight back moved the check: %+v", tr)
 	}

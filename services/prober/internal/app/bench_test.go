@@ -24,6 +24,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
 )
 
 // proberProfile, when set, makes the benchmark build the prober with the
@@ -263,7 +264,7 @@ func measureFan(b *testing.B, s benchBus, bin, dir string, mix []benchKind, wind
 	cmd.Stderr = &logs
 	var pprofAddr string
 	if profileDir != "" {
-		pprofAddr = freeAddr(b)
+		pprofAddr = porttest.Addr(b)
 		cmd.Env = append(os.Environ(), "FAN_PPROF="+pprofAddr)
 	}
 	if err := cmd.Start(); err != nil {
@@ -395,15 +396,6 @@ func udpRoundTripCPU(b *testing.B, n int) float64 {
 		roundTrip()
 	}
 	return float64((procCPU(b, os.Getpid()) - c0).Microseconds()) / float64(n)
-}
-
-func freeAddr(b *testing.B) string {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // procCPU and procRSS read the prober process's cost (lab/procstat).

@@ -10,15 +10,17 @@ import (
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // sipUDP answers SIP OPTIONS over UDP on loopback with 200, after delay,
 // except while silent and for the requests (retransmissions included) it
 // was told to drop.
 type sipUDP struct {
-	conn   *net.UDPConn
-	silent atomic.Bool
-	delay  atomic.Int64 // nanoseconds
+	conn     *net.UDPConn
+	silent   atomic.Bool
+	delay    atomic.Int64 // nanoseconds
+	requests atomic.Int64 // received, retransmissions included
 
 	mu      sync.Mutex
 	drop    int             // the next drop distinct requests go unanswered
@@ -40,6 +42,7 @@ func startSIPUDP(tb testing.TB) *sipUDP {
 				return
 			}
 			req := buf[:n]
+			s.requests.Add(1)
 			if s.silent.Load() || s.dropping(req) {
 				continue
 			}
@@ -159,7 +162,10 @@ func TestSlowPeerIsNotHurriedDown(t *testing.T) {
 	if up, _ := h.next(t, 5*time.Second); up == nil || up.To != events.HealthUp {
 		t.Fatalf("first transition %+v, want up", up)
 	}
-	time.Sleep(time.Second) // five more answers to learn from
+	// Five more answers to learn from: a check's runs do not overlap, so
+	// the sixth request comes after the fifth answer was read.
+	seen := sip.requests.Load()
+	waittest.Until(t, 5*time.Second, "five more answers read", func() bool { return sip.requests.Load() >= seen+6 })
 	sip.dropNext(2)
 	if tr, _ := h.next(t, 2*time.Second); tr != nil {
 		t.Fatalf("a peer answering in %v after two lost probes moved: %+v", answerIn, tr)

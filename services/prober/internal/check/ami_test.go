@@ -8,6 +8,7 @@ import (
 	"github.com/fanpbx/fan/lab/amipeer"
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // The health question, `core show channels count`, is asked on every run;
@@ -23,20 +24,17 @@ func TestAMIAsksCoreStatusPerSessionNotPerRun(t *testing.T) {
 	defer a.Close()
 	healthy := func(what string) {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			r := run(t, a, time.Second)
-			if r.NoVerdict {
-				continue
+		var r Result
+		waittest.Until(t, 5*time.Second, what+": a run with a verdict", func() bool {
+			r = run(t, a, time.Second)
+			return !r.NoVerdict
+		})
+		wantOK(t, what, r)
+		for _, k := range []string{"active_channels", "active_calls", "core_current_calls", "core_processed_calls", "pbx_uptime_seconds"} {
+			if _, ok := r.Figures[k]; !ok {
+				t.Fatalf("%s: figures %v lack %s", what, r.Figures, k)
 			}
-			wantOK(t, what, r)
-			for _, k := range []string{"active_channels", "active_calls", "core_current_calls", "core_processed_calls", "pbx_uptime_seconds"} {
-				if _, ok := r.Figures[k]; !ok {
-					t.Fatalf("%s: figures %v lack %s", what, r.Figures, k)
-				}
-			}
-			return
 		}
-		t.Fatalf("%s: no healthy run within 5 s", what)
 	}
 	count := func() (commands, statuses int) {
 		for _, act := range peer.Actions() {
@@ -57,12 +55,8 @@ func TestAMIAsksCoreStatusPerSessionNotPerRun(t *testing.T) {
 	}
 	// A new session (an Asterisk restart looks like this) asks again.
 	peer.DropSessions()
-	for deadline := time.Now().Add(5 * time.Second); !run(t, a, time.Second).OK; {
-		if time.Now().After(deadline) {
-			t.Fatal("no healthy run within 5 s of a new session")
-		}
-		time.Sleep(10 * time.Millisecond) // polling a condition: the redial backs off 50 ms
-	}
+	// The redial backs off 50 ms.
+	waittest.Until(t, 5*time.Second, "a healthy run on a new session", func() bool { return run(t, a, time.Second).OK })
 	if _, s := count(); s != 2 {
 		t.Fatalf("CoreStatus asked %d times after a new session, want 2", s)
 	}
@@ -87,14 +81,13 @@ func TestAMIReadsSystemNameOncePerSession(t *testing.T) {
 	defer peer.Close()
 	healthyRun := func(a *AMI) Result {
 		t.Helper()
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-			if r := run(t, a, time.Second); !r.NoVerdict {
-				wantOK(t, "run", r)
-				return r
-			}
-		}
-		t.Fatal("no verdict within 5 s")
-		return Result{}
+		var r Result
+		waittest.Until(t, 5*time.Second, "a run with a verdict", func() bool {
+			r = run(t, a, time.Second)
+			return !r.NoVerdict
+		})
+		wantOK(t, "run", r)
+		return r
 	}
 	a := NewAMI(ami.Config{Addr: peer.Addr(), Username: "fan", Secret: "s", LoginTimeout: 3 * time.Second}, slog.New(slog.DiscardHandler))
 	defer a.Close()
@@ -117,15 +110,12 @@ func TestAMIReadsSystemNameOncePerSession(t *testing.T) {
 	defer denied.Close()
 	// CoreStatus needs system too: this user's runs fail on it, not on
 	// CoreSettings; what matters is that no name is made up.
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); {
-		r := run(t, denied, time.Second)
-		if r.NoVerdict {
-			continue
-		}
-		if r.SystemName != nil {
-			t.Fatalf("a user without the right reported system name %q", *r.SystemName)
-		}
-		return
+	var r Result
+	waittest.Until(t, 5*time.Second, "a run with a verdict", func() bool {
+		r = run(t, denied, time.Second)
+		return !r.NoVerdict
+	})
+	if r.SystemName != nil {
+		t.Fatalf("a user without the right reported system name %q", *r.SystemName)
 	}
-	t.Fatal("no verdict within 5 s")
 }

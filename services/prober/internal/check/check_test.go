@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -88,7 +89,7 @@ func TestSIPAgainstKamailio(t *testing.T) {
 }
 
 func TestSIPRefusedOverTCP(t *testing.T) {
-	wantFail(t, "nothing listening", run(t, sipCheck(t, freePort(t), sipoptions.TCP, DefaultSIPCodes), time.Second), events.ErrorRefused)
+	wantFail(t, "nothing listening", run(t, sipCheck(t, porttest.Port(t), sipoptions.TCP, DefaultSIPCodes), time.Second), events.ErrorRefused)
 }
 
 // SIPp answering like Asterisk does to an unknown source: 401 is alive by

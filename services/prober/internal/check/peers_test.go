@@ -9,6 +9,7 @@ import (
 	"github.com/fanpbx/fan/lab/bindtest"
 	"github.com/fanpbx/fan/lab/kamailio"
 	"github.com/fanpbx/fan/lab/kamailio/kamailiotest"
+	"github.com/fanpbx/fan/pkg/platform/porttest"
 	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
@@ -16,21 +17,13 @@ import (
 // and BIND from Debian, each on a free loopback port, each killed when its
 // test ends.
 
-func freePort(t *testing.T) int { return kamailiotest.FreePort(t) }
-
-// waitFor polls cond until it holds.
-func waitFor(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	waittest.Until(t, within, what, cond)
-}
-
 // startKamailio returns the Kamailio and its "200" and "503" ports.
 func startKamailio(t *testing.T) (*kamailiotest.Events, int, int) {
 	t.Helper()
 	kamailiotest.Need(t, "kamailio")
-	ok, busy := freePort(t), freePort(t)
+	ok, busy := porttest.Port(t), porttest.Port(t)
 	k := kamailiotest.Start(t, "options", kamailio.OptionsConfig(ok, busy))
-	waitFor(t, 10*time.Second, "kamailio listening", func() bool {
+	waittest.Until(t, 10*time.Second, "kamailio listening", func() bool {
 		c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", ok))
 		if err == nil {
 			c.Close()

@@ -9,6 +9,7 @@ import (
 	"github.com/fanpbx/fan/lab/amipeer"
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 )
 
@@ -188,10 +189,7 @@ func eventOf(t *testing.T, p *amipeer.Peer, name, aor, uri, status string) ami.E
 	}
 	fields := []amipeer.Field{{Name: "Event", Value: name}, {Name: "Privilege", Value: "system,all"}, {Name: "URI", Value: uri},
 		{Name: "ContactStatus", Value: status}, {Name: "AOR", Value: aor}, {Name: "EndpointName", Value: aor}, {Name: "RoundtripUsec", Value: "0"}}
-	deadline := time.Now().Add(5 * time.Second)
-	for p.Emit(fields...) == 0 && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	waittest.Until(t, 5*time.Second, "a session to emit "+name+" to", func() bool { return p.Emit(fields...) > 0 })
 	for {
 		select {
 		case ev := <-s.Events():

@@ -110,19 +110,12 @@ func (n *asteriskNode) phone(t *testing.T, user, addr string, answer bool) *phon
 		t.Fatal(err)
 	}
 	t.Cleanup(p.Close)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	waittest.Succeeds(t, 60*time.Second, "register "+user, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-		err := p.Register(ctx)
-		cancel()
-		if err == nil {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("register %s: %v", user, err)
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+		defer cancel()
+		return p.Register(ctx)
+	})
+	return p
 }
 
 // call has from call to and waits until both are up; it returns when the

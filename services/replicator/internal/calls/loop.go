@@ -321,6 +321,7 @@ func (r *Recorder) plan(ctx context.Context) {
 	}
 	r.startWrites(ctx, now)
 	r.planMoved(ctx, now)
+	r.plannedAt.Store(now.UnixNano())
 }
 
 func (r *Recorder) startRead(ctx context.Context, c *call) {

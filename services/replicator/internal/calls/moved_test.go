@@ -142,8 +142,12 @@ func TestMovedCallHungUpWhenItsKeeperEnds(t *testing.T) {
 	waittest.Until(t, 10*time.Second, "no call counted moved", func() bool {
 		return metricWith(t, r.reg, "fan_replicator_moved_calls", "state", "kept") == 0 && r.last().Holder
 	})
+	hungUp := metric(t, r.reg, "fan_replicator_moved_calls_hung_up_total")
 	l.unkeep(keptByN3)
-	time.Sleep(500 * time.Millisecond)
+	r.plannedPast(t, time.Now().Add(500*time.Millisecond))
+	if got := metric(t, r.reg, "fan_replicator_moved_calls_hung_up_total"); got != hungUp {
+		t.Fatalf("%v hang-ups started for a call of the group this node holds", got-hungUp)
+	}
 	if !l.up(staysCaller) || !l.up(staysCallee) {
 		t.Fatal("a call of the group this node holds was hung up")
 	}
@@ -173,9 +177,10 @@ func TestMovedCallNeverKeptHungUpAfterGrace(t *testing.T) {
 
 	// A move in flight: no holder named yet.
 	l.hold("", 2)
-	time.Sleep(2 * grace)
-	if !l.up(caller) {
-		t.Fatal("hung up while no holder was named")
+	waittest.Until(t, 10*time.Second, "the move in flight seen", func() bool { return r.last().Epoch == 2 })
+	r.plannedPast(t, time.Now().Add(2*grace))
+	if got := metric(t, r.reg, "fan_replicator_moved_calls_hung_up_total"); got != 0 || !l.up(caller) {
+		t.Fatalf("hung up (%v started) while no holder was named", got)
 	}
 	// Another node keeps a call of the same id with other channels: not
 	// this call.
@@ -194,10 +199,10 @@ func TestMovedCallNeverKeptHungUpAfterGrace(t *testing.T) {
 	if got := metricWith(t, r.reg, "fan_replicator_moved_calls_hung_up_total", "reason", calls.HungUpNeverKept); got != 1 {
 		t.Errorf("hung up (never kept): %v", got)
 	}
-	time.Sleep(2 * grace)
+	r.plannedPast(t, time.Now().Add(2*grace))
 	sc, se := standby.Channels()
-	if !l.up(sc) || !l.up(se) {
-		t.Fatal("a call this node never held was hung up")
+	if got := metric(t, r.reg, "fan_replicator_moved_calls_hung_up_total"); got != 1 || !l.up(sc) || !l.up(se) {
+		t.Fatalf("a call this node never held was hung up (%v hang-ups started)", got)
 	}
 }
 

@@ -23,6 +23,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
@@ -109,6 +110,12 @@ type Recorder struct {
 	found map[string]events.CallRecord
 	kv    jetstream.KeyValue
 	role  events.GroupStatus
+
+	// plannedAt is the clock's time (unix nanoseconds) of the loop's last
+	// plan pass: a test that proves nothing was started (a hang-up) waits
+	// for a pass past the moment it would have been, not for a time it
+	// guesses the loop takes.
+	plannedAt atomic.Int64
 
 	live        int  // keys with a record wanted
 	matched     bool // the records found at start were matched with Asterisk's calls

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -414,6 +415,15 @@ func TestIncomplete(t *testing.T) {
 	})
 }
 
+// plannedPast waits until the recorder's loop has planned at or after at:
+// what it would have started by then (a hang-up) it has.
+func (r *recorder) plannedPast(t *testing.T, at time.Time) {
+	t.Helper()
+	waittest.Until(t, time.Until(at)+10*time.Second, "the recorder planning past "+at.Format("15:04:05.000"), func() bool {
+		return !calls.PlannedAt(r.rec).Before(at)
+	})
+}
+
 // metric is a counter's or gauge's value in reg (the sum over its labels).
 func metric(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	t.Helper()
@@ -454,10 +464,17 @@ func TestSilentAsterisk(t *testing.T) {
 		defer r.mu.Unlock()
 		return len(r.summary)
 	}
-	// A summary may be on its way when the peer froze; then none.
-	time.Sleep(300 * time.Millisecond)
+	frozen := len(l.peer.Actions())
+	// A ping the frozen peer received is never answered, and the next is
+	// sent only once the one before was: the summary of the last answered
+	// one is published by the time the peer sees this (the loop does both,
+	// in turn), and none follows it while the peer is silent.
+	waittest.Until(t, 10*time.Second, "a ping received by the silent Asterisk", func() bool {
+		return slices.ContainsFunc(l.peer.Actions()[frozen:], func(a amipeer.Action) bool { return a.Name == "Ping" })
+	})
 	n := count()
-	time.Sleep(time.Second)
+	// Ten summary intervals of silence: none.
+	r.plannedPast(t, time.Now().Add(time.Second))
 	if got := count(); got != n {
 		t.Errorf("%d summaries published while Asterisk was silent", got-n)
 	}

@@ -3,6 +3,7 @@ package app
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -14,6 +15,8 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/nats-io/nats.go/jetstream"
 )
 
 func parse(t *testing.T, yaml string) (Config, error) {
@@ -63,6 +66,8 @@ func TestInstancesAgreeWithoutDuplicates(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
+	lctx, lcancel := context.WithCancel(ctx)
+	var outboxes []*bus.Outbox
 	for _, node := range []string{"ctl1", "ctl2"} {
 		b := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "scheduler", Node: node})
 		svc, err := New(cfg, slog.New(slog.DiscardHandler), "t")
@@ -70,7 +75,8 @@ func TestInstancesAgreeWithoutDuplicates(t *testing.T) {
 			t.Fatal(err)
 		}
 		ob := bustest.Outbox(t, b)
-		wg.Go(func() { _ = svc.loop(ctx, b, ob) })
+		outboxes = append(outboxes, ob)
+		wg.Go(func() { _ = svc.loop(lctx, b, ob) })
 	}
 	reader := bustest.Connect(t, s, bus.Identity{Cluster: "lab", Service: "test", Node: "r"})
 	var mu sync.Mutex
@@ -87,24 +93,45 @@ func TestInstancesAgreeWithoutDuplicates(t *testing.T) {
 			mu.Unlock()
 		})
 	}()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	waittest.Succeeds(t, 15*time.Second, "three ticks", func() error {
 		mu.Lock()
-		n := len(ticks)
-		mu.Unlock()
-		if n == 3 {
-			break
+		defer mu.Unlock()
+		if len(ticks) != 3 {
+			return fmt.Errorf("ticks seen: %v", ticks)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("ticks seen: %v", ticks)
+		return nil
+	})
+	// Both instances have published every tick by the window's end: once
+	// it has passed, stop them and let their outboxes store what they
+	// posted. The stream then holds every copy it ever will, and the watch
+	// has seen them all once it has delivered as many.
+	time.Sleep(time.Until(end))
+	lcancel()
+	wg.Wait()
+	waittest.Until(t, 10*time.Second, "the schedulers' outboxes drained", func() bool {
+		return outboxes[0].Pending() == 0 && outboxes[1].Pending() == 0
+	})
+	st, err := reader.JS.Stream(ctx, bus.EventsStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(events.AllPermits("lab")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stored int
+	for _, n := range info.State.Subjects {
+		stored += int(n)
+	}
+	waittest.Until(t, 5*time.Second, fmt.Sprintf("the watch delivering the %d stored permits", stored), func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		seen := 0
+		for _, n := range ticks {
+			seen += n
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	// Both instances have published every tick by the window's end; give
-	// the second copies time to arrive, if the stream stored them.
-	for time.Now().Before(end.Add(500 * time.Millisecond)) {
-		time.Sleep(50 * time.Millisecond)
-	}
+		return seen >= stored
+	})
 	wcancel()
 	mu.Lock()
 	for at, n := range ticks {

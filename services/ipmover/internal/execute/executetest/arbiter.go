@@ -16,6 +16,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Terms is how many lease terms an Arbiter starts before anything else,
@@ -149,22 +150,20 @@ func (a *Arbiter) SendRaw(epoch uint64, cmd events.Command) events.Envelope {
 // WaitEvent waits for the first recorded event that matches.
 func (a *Arbiter) WaitEvent(what string, match func(events.Envelope, events.Payload) bool) (events.Envelope, events.Payload) {
 	a.T.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
+	var env events.Envelope
+	var p events.Payload
+	waittest.Until(a.T, 15*time.Second, what, func() bool {
 		a.mu.Lock()
+		defer a.mu.Unlock()
 		for i := range a.evs {
 			if match(a.evs[i], a.pays[i]) {
-				env, p := a.evs[i], a.pays[i]
-				a.mu.Unlock()
-				return env, p
+				env, p = a.evs[i], a.pays[i]
+				return true
 			}
 		}
-		a.mu.Unlock()
-		if time.Now().After(deadline) {
-			a.T.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
+	return env, p
 }
 
 // Result waits for the result of cmd, caused by it.

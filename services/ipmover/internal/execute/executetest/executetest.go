@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/ipmover/internal/execute"
 	"github.com/fanpbx/fan/services/ipmover/internal/fence"
 )
@@ -137,8 +138,8 @@ func (e *env) send(epoch uint64, cmd events.Command) (events.Envelope, uint64) {
 
 func (e *env) result(env events.Envelope) events.CommandResult {
 	e.t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for {
+	var result events.CommandResult
+	waittest.Until(e.t, 20*time.Second, "a result for command "+env.ID, func() bool {
 		evs, pays := e.Events()
 		for i := e.since; i < len(evs); i++ {
 			r, ok := pays[i].(*events.CommandResult)
@@ -148,13 +149,12 @@ func (e *env) result(env events.Envelope) events.CommandResult {
 			if evs[i].CausationID != env.ID {
 				e.t.Fatalf("the result of command %s is caused by %q", env.ID, evs[i].CausationID)
 			}
-			return *r
+			result = *r
+			return true
 		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("no result for command %s", env.ID)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return false
+	})
+	return result
 }
 
 func (e *env) expect(env events.Envelope, want events.Outcome) events.CommandResult {

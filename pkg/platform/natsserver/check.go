@@ -1,4 +1,4 @@
-package bus
+package natsserver
 
 import (
 	"errors"
@@ -14,29 +14,28 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 )
 
-// CheckHost checks what an embedded server's settings name on this host,
-// as -check-config does before fan-nats (or a service with bus.embedded)
-// starts: the addresses it listens on, its store directory, and its server
-// configuration file, read by nats-server's own parser, every TLS block's
-// certificate, key and CA checked for what they are (config.KeyPairFiles,
-// config.CAFile), and the listeners' security as StartEmbedded enforces it.
-// Keys are relative to prefix; errors in the server configuration file are
-// placed on its own lines (config.Located). The listeners are judged only
-// when Validate passes.
-func (e *Embedded) CheckHost(prefix string) error {
+// CheckHost checks what the settings name on this host, as -check-config
+// does before fan-nats starts: the addresses it listens on, its store
+// directory, and its server configuration file, read by nats-server's own
+// parser, every TLS block's certificate, key and CA checked for what they
+// are (config.KeyPairFiles, config.CAFile), and the listeners' security as
+// Start enforces it. Keys are relative to prefix; errors in the server
+// configuration file are placed on its own lines (config.Located). The
+// listeners are judged only when Validate passes.
+func (c *Config) CheckHost(prefix string) error {
 	key := prefixed(prefix)
 	var errs []error
-	if e.Listen != "" {
-		errs = append(errs, config.ListenLocal(key("listen"), e.Listen))
+	if c.Listen != "" {
+		errs = append(errs, config.ListenLocal(key("listen"), c.Listen))
 	}
-	if e.Cluster.Listen != "" {
-		errs = append(errs, config.ListenLocal(key("cluster.listen"), e.Cluster.Listen))
+	if c.Cluster.Listen != "" {
+		errs = append(errs, config.ListenLocal(key("cluster.listen"), c.Cluster.Listen))
 	}
-	if st, err := os.Stat(e.StoreDir); err == nil && !st.IsDir() {
-		errs = append(errs, config.Errf(key("store_dir"), "%s is not a directory", e.StoreDir))
+	if st, err := os.Stat(c.StoreDir); err == nil && !st.IsDir() {
+		errs = append(errs, config.Errf(key("store_dir"), "%s is not a directory", c.StoreDir))
 	}
-	if e.ServerConfig != "" {
-		err := checkServerConfig(key("server_config"), e.ServerConfig)
+	if c.ServerConfig != "" {
+		err := checkServerConfig(key("server_config"), c.ServerConfig)
 		errs = append(errs, err)
 		if refuses(err) {
 			// The listeners cannot be judged without the file's
@@ -44,15 +43,15 @@ func (e *Embedded) CheckHost(prefix string) error {
 			return config.Join(errs...)
 		}
 	}
-	if e.Validate(prefix) != nil {
+	if c.Validate(prefix) != nil {
 		// Validate names what is wrong; the options cannot be assembled.
 		return config.Join(errs...)
 	}
-	opts, err := serverOptions(*e)
+	opts, err := options(*c)
 	if err != nil {
 		return config.Join(append(errs, &config.FieldError{Key: key("server_config"), Err: err})...)
 	}
-	for _, err := range flattenJoin(checkListeners(opts, e.InsecureLab)) {
+	for _, err := range flattenJoin(checkListeners(opts, c.InsecureLab)) {
 		k := key("listen")
 		var le *listenerError
 		if errors.As(err, &le) && le.route {

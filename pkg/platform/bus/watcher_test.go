@@ -13,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 func TestMain(m *testing.M) {
@@ -213,23 +214,22 @@ func TestWatchLivesOnTheLeaderServers(t *testing.T) {
 	defer func() { stop(); <-done }()
 	settle := func(t *testing.T, skip string) string {
 		t.Helper()
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			hs := pulled()
+		var hs map[string]string
+		waittest.Succeeds(t, 30*time.Second, "one consumer pulled from on the live stream", func() error {
+			hs = pulled()
 			delete(hs, skip)
-			if len(hs) == 1 {
-				for name, host := range hs {
-					if host != "n2" {
-						t.Fatalf("the watch's consumer %s lives on %s, want n2 (bus.leader_servers)", name, host)
-					}
-					return name
-				}
+			if len(hs) != 1 {
+				return fmt.Errorf("pulled from: %v", hs)
 			}
-			if time.Now().After(deadline) {
-				t.Fatalf("consumers pulled from on the live stream: %v, want exactly one", hs)
+			return nil
+		})
+		for name, host := range hs {
+			if host != "n2" {
+				t.Fatalf("the watch's consumer %s lives on %s, want n2 (bus.leader_servers)", name, host)
 			}
-			time.Sleep(50 * time.Millisecond)
+			return name
 		}
+		return ""
 	}
 	first := settle(t, "")
 	// Deleting it makes the watch make another, again on n2.

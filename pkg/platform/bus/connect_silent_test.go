@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go"
 )
 
@@ -168,22 +170,13 @@ func TestEveryConnectionLeavesASilentServer(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer closeConn()
-			deadline := time.Now().Add(5 * time.Second)
-			for nc.ConnectedUrl() != proxy.url() {
-				if time.Now().After(deadline) {
-					t.Fatalf("connected to %q, want the first listed %s", nc.ConnectedUrl(), proxy.url())
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			waittest.Until(t, 5*time.Second, "connected to the first listed "+proxy.url(), func() bool { return nc.ConnectedUrl() == proxy.url() })
 			proxy.setCut(true)
 			frozenAt := time.Now()
 			// Two unanswered pings, then the next server: well under 5 s.
-			for nc.ConnectedUrl() != second.ClientURL() {
-				if time.Since(frozenAt) > 5*time.Second {
-					t.Fatalf("still on %q 5s after its server went silent (ping interval %v)", nc.ConnectedUrl(), ping)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
+			waittest.Until(t, 5*time.Second, fmt.Sprintf("on the next server after the first went silent (ping interval %v)", ping), func() bool {
+				return nc.ConnectedUrl() == second.ClientURL()
+			})
 			t.Logf("left the silent server after %v", time.Since(frozenAt).Round(time.Millisecond))
 			if n := proxy.dialledWhileCut.Load(); n != 0 {
 				t.Errorf("dialled the silent server %d times before the next one", n)

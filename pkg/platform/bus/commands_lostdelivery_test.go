@@ -2,15 +2,19 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go/jetstream"
+
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/config"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // A command delivered while its executor's link is cut is lost with the
@@ -71,15 +75,11 @@ func TestCommandLostInACutDoesNotHoldTheNext(t *testing.T) {
 	lost := emit() // delivered into the cut connection
 	// The executor gives the connection up (two unanswered pings) and
 	// dials again, held until the heal.
-	time.Sleep(6 * ping)
+	waittest.Until(t, 10*time.Second, "the executor gives the cut connection up", func() bool { return !exec.NC.IsConnected() })
 	proxy.setCut(false)
-	for exec.NC.Stats().Reconnects == disconnected || !exec.NC.IsConnected() {
-		select {
-		case <-ctx.Done():
-			t.Fatal("the executor did not reconnect after the heal")
-		case <-time.After(10 * time.Millisecond):
-		}
-	}
+	waittest.Until(t, 30*time.Second, "the executor reconnects after the heal", func() bool {
+		return exec.NC.Stats().Reconnects != disconnected && exec.NC.IsConnected()
+	})
 	sent := time.Now()
 	after := emit()
 	r := next(5 * time.Second)
@@ -121,9 +121,28 @@ func TestLongCommandIsNotSentAgain(t *testing.T) {
 	if id := <-calls; id != env.ID {
 		t.Fatalf("got %s, want %s", id, env.ID)
 	}
+	// Once the executor has acknowledged it, the server says how often it
+	// delivered it.
+	cons, err := exec.ExecutorConsumer(ctx, "n1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var info *jetstream.ConsumerInfo
+	waittest.Succeeds(t, 3*bus.ExecutorAckWait+5*time.Second, "the command acknowledged", func() error {
+		if info, err = cons.Info(ctx); err != nil {
+			return err
+		}
+		if info.NumAckPending != 0 || info.NumPending != 0 {
+			return fmt.Errorf("%d unacknowledged, %d waiting", info.NumAckPending, info.NumPending)
+		}
+		return nil
+	})
+	if info.Delivered.Consumer != 1 {
+		t.Fatalf("delivered %d times while the executor worked on it", info.Delivered.Consumer)
+	}
 	select {
 	case id := <-calls:
 		t.Fatalf("command %s handed to the executor again while it worked on it", id)
-	case <-time.After(3*bus.ExecutorAckWait + time.Second):
+	default:
 	}
 }

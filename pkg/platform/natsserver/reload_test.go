@@ -1,4 +1,4 @@
-package bus_test
+package natsserver_test
 
 import (
 	"log/slog"
@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/pkg/platform/bus"
+	"github.com/fanpbx/fan/pkg/platform/natsserver"
 	"github.com/nats-io/nats.go"
 )
 
-// TestReloadEmbeddedAcceptsANewUser: a user added to the server's
+// TestReloadAcceptsANewUser: a user added to the server's
 // configuration file can connect once the server reloads, without the
 // connections it had being dropped; a change that needs a restart is
 // refused and the server keeps running as it was.
-func TestReloadEmbeddedAcceptsANewUser(t *testing.T) {
+func TestReloadAcceptsANewUser(t *testing.T) {
 	dir := t.TempDir()
 	conf := filepath.Join(dir, "server.conf")
 	users := func(names ...string) string {
@@ -31,8 +31,8 @@ func TestReloadEmbeddedAcceptsANewUser(t *testing.T) {
 	if err := os.WriteFile(conf, []byte(users("alice")), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	e := bus.Embedded{StoreDir: filepath.Join(dir, "store"), Listen: "127.0.0.1:0", ServerName: "reload", ServerConfig: conf}
-	srv, err := bus.StartEmbedded(e, slog.New(slog.DiscardHandler))
+	e := natsserver.Config{StoreDir: filepath.Join(dir, "store"), Listen: "127.0.0.1:0", ServerName: "reload", ServerConfig: conf}
+	srv, err := natsserver.Start(e, slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestReloadEmbeddedAcceptsANewUser(t *testing.T) {
 	}
 	// The port the server chose stays: a reload may not move a listener.
 	e.Listen = strings.TrimPrefix(url, "nats://")
-	if err := bus.ReloadEmbedded(srv, e); err != nil {
+	if err := natsserver.Reload(srv, e); err != nil {
 		t.Fatal(err)
 	}
 	bob, err := nats.Connect(url, nats.UserInfo("bob", "pw-bob"))
@@ -66,7 +66,7 @@ func TestReloadEmbeddedAcceptsANewUser(t *testing.T) {
 	}
 
 	e.ServerName = "renamed"
-	if err := bus.ReloadEmbedded(srv, e); err == nil {
+	if err := natsserver.Reload(srv, e); err == nil {
 		t.Error("a new server name was applied by a reload")
 	}
 	if nc, err := nats.Connect(url, nats.UserInfo("bob", "pw-bob")); err != nil {

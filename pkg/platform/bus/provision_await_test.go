@@ -8,6 +8,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestAwaitProvisionedWaitsForTheAdmin: a service started before the
@@ -22,6 +23,16 @@ func TestAwaitProvisionedWaitsForTheAdmin(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer svc.Close()
+	// Every lookup of a missing stream is a JetStream API request the
+	// server answers with an error: it counts the waiting service's looks.
+	apiErrors := func() uint64 {
+		jsz, err := s.Jsz(nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return jsz.API.Errors
+	}
+	before := apiErrors()
 	ready := make(chan time.Time, 1)
 	go func() {
 		if err := svc.AwaitProvisioned(ctx); err != nil {
@@ -29,10 +40,11 @@ func TestAwaitProvisionedWaitsForTheAdmin(t *testing.T) {
 		}
 		ready <- time.Now()
 	}()
+	waittest.Until(t, 10*time.Second, "six lookups of missing streams", func() bool { return apiErrors() >= before+6 })
 	select {
 	case <-ready:
 		t.Fatal("ready before anything was provisioned")
-	case <-time.After(700 * time.Millisecond):
+	default:
 	}
 	if _, err := svc.JS.Stream(ctx, bus.CommandsStream); err == nil {
 		t.Fatal("the waiting service created a stream")

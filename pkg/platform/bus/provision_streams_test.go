@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +10,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -47,19 +49,14 @@ func TestLiveStateIsKeptApart(t *testing.T) {
 			t.Fatalf("emit %s: %v", p.EventType(), err)
 		}
 	}
-	for {
+	waittest.Succeeds(t, 10*time.Second, "three events from the watch over both streams", func() error {
 		mu.Lock()
-		n := len(got)
-		mu.Unlock()
-		if n == 3 {
-			break
+		defer mu.Unlock()
+		if len(got) != 3 {
+			return fmt.Errorf("delivered %v", got)
 		}
-		select {
-		case <-ctx.Done():
-			t.Fatalf("watch over both streams delivered %v", got)
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 	stop()
 	if err := <-done; err != nil {
 		t.Fatal(err)

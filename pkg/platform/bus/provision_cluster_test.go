@@ -9,6 +9,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Three embedded servers (what fan-nats runs) form a cluster with a
@@ -41,16 +42,12 @@ func TestEmbeddedClusterRunsReplicatedStreams(t *testing.T) {
 	}
 	emit := func() {
 		t.Helper()
-		for {
+		// A new stream leader is being elected: emits fail for a while.
+		deadline, _ := ctx.Deadline()
+		waittest.Succeeds(t, time.Until(deadline), "emit", func() error {
 			_, err := b.Emit(ctx, events.ServiceAnnounce{Service: "prober", Node: "n1", Version: "test", State: events.ServiceStarted})
-			if err == nil {
-				return
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("emit: %v", err)
-			}
-			time.Sleep(100 * time.Millisecond) // a new stream leader is being elected
-		}
+			return err
+		})
 	}
 	emit()
 	// The stream's leader leaves: the other two still hold a quorum.

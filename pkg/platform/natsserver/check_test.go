@@ -1,4 +1,4 @@
-package bus
+package natsserver
 
 import (
 	"errors"
@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/config"
 	"github.com/fanpbx/fan/pkg/platform/config/configtest"
 )
@@ -42,7 +43,7 @@ cluster {
 
 // readErrors are the lines of what CheckHost reports, errors and warnings
 // told apart as a loader tells them.
-func report(t *testing.T, e Embedded) (warnings []string, errs []string) {
+func report(t *testing.T, e Config) (warnings []string, errs []string) {
 	t.Helper()
 	w, err := config.NewDoc("fan-nats.yaml").Report(e.CheckHost(""))
 	if err != nil {
@@ -62,10 +63,10 @@ func TestCheckHostReadsTheServerConfiguration(t *testing.T) {
 	expired, expiredKey := configtest.WriteCert(t, dir, "expired", n.Add(-48*time.Hour), n.Add(-time.Hour))
 	soon, soonKey := configtest.WriteCert(t, dir, "soon", n.Add(-time.Hour), n.Add(5*24*time.Hour))
 	empty := configtest.WriteFile(t, dir, "empty.pem", nil)
-	e := func(conf string) Embedded {
-		return Embedded{StoreDir: filepath.Join(dir, "store"), Listen: "0.0.0.0:4222", ServerName: "nats-1",
+	e := func(conf string) Config {
+		return Config{StoreDir: filepath.Join(dir, "store"), Listen: "0.0.0.0:4222", ServerName: "nats-1",
 			ServerConfig: configtest.WriteFile(t, dir, "nats-server.conf", []byte(conf)),
-			Cluster:      EmbeddedCluster{Name: "fan", Listen: "0.0.0.0:6222"}}
+			Cluster:      Cluster{Name: "fan", Listen: "0.0.0.0:6222"}}
 	}
 	conf := filepath.Join(dir, "nats-server.conf")
 
@@ -106,39 +107,39 @@ func TestCheckHostReadsTheServerConfiguration(t *testing.T) {
 	}
 
 	// A missing file is refused by the key naming it.
-	missing := Embedded{StoreDir: dir, ServerConfig: filepath.Join(dir, "nope.conf")}
+	missing := Config{StoreDir: dir, ServerConfig: filepath.Join(dir, "nope.conf")}
 	_, errs = report(t, missing)
 	if len(errs) != 1 || errs[0] != "fan-nats.yaml: server_config: "+filepath.Join(dir, "nope.conf")+": no such file or directory" {
 		t.Fatalf("missing file: %q", errs)
 	}
 }
 
-// The listeners are judged as StartEmbedded judges them, each refusal by
+// The listeners are judged as Start judges them, each refusal by
 // its key; an address this host does not have is refused too.
 func TestCheckHostListeners(t *testing.T) {
 	dir := t.TempDir()
-	err := (&Embedded{StoreDir: dir, Listen: "0.0.0.0:4222", ServerName: "n",
-		Cluster: EmbeddedCluster{Name: "fan", Listen: "0.0.0.0:6222"}}).CheckHost("bus.embedded")
+	err := (&Config{StoreDir: dir, Listen: "0.0.0.0:4222", ServerName: "n",
+		Cluster: Cluster{Name: "fan", Listen: "0.0.0.0:6222"}}).CheckHost("nats")
 	var keys []string
 	for _, e := range flattenAll(err) {
 		var fe *config.FieldError
-		if errors.As(e, &fe) && errors.Is(e, ErrInsecure) {
+		if errors.As(e, &fe) && errors.Is(e, bus.ErrInsecure) {
 			keys = append(keys, fe.Key)
 		}
 	}
-	if strings.Join(keys, ",") != "bus.embedded.listen,bus.embedded.cluster.listen" {
+	if strings.Join(keys, ",") != "nats.listen,nats.cluster.listen" {
 		t.Fatalf("insecure listeners: %v", err)
 	}
-	err = (&Embedded{StoreDir: dir, Listen: "203.0.113.254:4222", InsecureLab: true}).CheckHost("")
+	err = (&Config{StoreDir: dir, Listen: "203.0.113.254:4222", InsecureLab: true}).CheckHost("")
 	if err == nil || !strings.HasPrefix(err.Error(), "listen: 203.0.113.254 is not an address of this host") {
 		t.Fatalf("foreign address: %v", err)
 	}
 	file := configtest.WriteFile(t, dir, "store-is-a-file", []byte("x"))
-	err = (&Embedded{StoreDir: file}).CheckHost("")
+	err = (&Config{StoreDir: file}).CheckHost("")
 	if err == nil || err.Error() != "store_dir: "+file+" is not a directory" {
 		t.Fatalf("store: %v", err)
 	}
-	if err := (&Embedded{StoreDir: filepath.Join(dir, "new"), Listen: "127.0.0.1:4222"}).CheckHost(""); err != nil {
+	if err := (&Config{StoreDir: filepath.Join(dir, "new"), Listen: "127.0.0.1:4222"}).CheckHost(""); err != nil {
 		t.Fatalf("a loopback server: %v", err)
 	}
 	if _, err := os.Stat(filepath.Join(dir, "new")); err == nil {

@@ -2,6 +2,7 @@ package bus_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestReconnectFollowsURLOrder: with three servers, the client connects to
@@ -32,15 +34,11 @@ func TestReconnectFollowsURLOrder(t *testing.T) {
 		own.Shutdown()
 		// One read of the URL per look: it is "" while not connected, and
 		// the client may notice the loss between two reads.
-		deadline := time.Now().Add(10 * time.Second)
-		got := b.NC.ConnectedUrl()
-		for got == "" || got == own.ClientURL() {
-			if time.Now().After(deadline) {
-				t.Fatalf("round %d: not reconnected within 10s", round)
-			}
-			time.Sleep(10 * time.Millisecond)
+		var got string
+		waittest.Until(t, 10*time.Second, fmt.Sprintf("round %d: reconnected", round), func() bool {
 			got = b.NC.ConnectedUrl()
-		}
+			return got != "" && got != own.ClientURL()
+		})
 		if got != witness.ClientURL() {
 			t.Fatalf("round %d: reconnected to %s, want the second listed %s (the third is %s)", round, got, witness.ClientURL(), other.ClientURL())
 		}

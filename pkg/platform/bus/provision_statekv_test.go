@@ -3,6 +3,7 @@ package bus_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/logtest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -40,16 +42,17 @@ func TestWaitStateKVOutlastsTheClustersAbsence(t *testing.T) {
 	// An attempt ends at once or after its 5 s bound, depending on whether
 	// the client has noticed the servers are gone: wait for the second
 	// attempt's log line, and WaitStateKV must not return meanwhile.
-	for deadline := time.Now().Add(15 * time.Second); strings.Count(logs.String(), "open bucket fan_state failed, retrying") < 2; {
+	waittest.Succeeds(t, 15*time.Second, "a second attempt logged while the servers were down", func() error {
 		select {
 		case o := <-done:
 			t.Fatalf("WaitStateKV returned with every server down: %v", o.err)
-		case <-time.After(50 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no second attempt logged while the servers were down:\n%s", logs.String())
+		if strings.Count(logs.String(), "open bucket fan_state failed, retrying") < 2 {
+			return fmt.Errorf("logged so far:\n%s", logs.String())
 		}
-	}
+		return nil
+	})
 	for _, n := range c.Names {
 		c.Restart(n)
 	}

@@ -2,12 +2,14 @@ package bus_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // TestWatchReturnsPromptly: a cancelled Watch returns at once.
@@ -20,7 +22,25 @@ func TestWatchReturnsPromptly(t *testing.T) {
 		_ = b.Watch(ctx, bus.WatchOptions{Subjects: []string{events.ClusterEvents("lab")}}, func(events.Envelope, events.Decoded, uint64) {})
 		close(done)
 	}()
-	time.Sleep(300 * time.Millisecond)
+	// Cancelled once it reads, so that its consumer has to be stopped.
+	stream, err := events.StreamOf(events.ClusterEvents("lab"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waittest.Succeeds(t, 5*time.Second, "the watch's consumer", func() error {
+		st, err := b.JS.Stream(ctx, stream)
+		if err != nil {
+			return err
+		}
+		info, err := st.Info(ctx)
+		if err != nil {
+			return err
+		}
+		if info.State.Consumers == 0 {
+			return errors.New("none yet")
+		}
+		return nil
+	})
 	start := time.Now()
 	cancel()
 	<-done
