@@ -7,7 +7,7 @@
 #   make bench-trail     bytes fan writes to its audit and live streams per PBX node per day (TRAIL=2m, root)
 #   make bench-scale     the arbiter and fan-nats under 1,000 simulated nodes: CPU, memory, transition-to-command p50/p99 (NODES=1000, SCALE_WINDOW=60s)
 #   make bench-prober    the prober's CPU for 200 checks at 200 ms against the floor and a process per check (PROBER_WINDOW=10s)
-#   make bench-sync      the replicator against rsync (local, and -az over SSH as root) and a plain checked copy: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible
+#   make bench-sync      the replicator against rsync (local, and -az over SSH as root) and a plain checked copy: initial sync of 10,000 files / 1 GiB, no-change pass, change to visible; then a 50,000-file spool: change to visible, CPU and memory per node (SPOOL_FILES)
 #   make bench-registrations  registrations from the holder to the standby: 200 OK to the standby's AstDB, costs, mass churn, reach after a crash (PHONES=2000, root; FAN_ASTERISK=dir for a real Asterisk 22)
 #   make bench-calls     calls up when the holder's PBX is killed, fan and keepalived: survived, audio gap, hang-ups carried, orphaned legs (CALLS_DIRECT=10 CALLS_ANCHORED=2 CALL_CYCLES=3, root; FAN_ASTERISK=dir for a real Asterisk 22)
 #   make chaos           randomized faults against the invariants (DURATION=10m); exits non-zero on a breach
@@ -207,12 +207,18 @@ bench-prober:
 # benchmark needs it; apt-get install openssh-server openssh-client rsync),
 # it also times rsync -az --delete over SSH between two network namespaces,
 # with an sshd and keys made for the run and removed after it. SYNC_FILES and SYNC_BYTES size the tree; the initial sync's
-# figures are the medians of SYNC_RUNS alternated runs of both tools.
-SYNC_FILES ?= 10000
-SYNC_BYTES ?= 1073741824
-SYNC_RUNS  ?= 3
+# figures are the medians of SYNC_RUNS alternated runs of both tools. Then a voicemail spool of SPOOL_FILES files
+# (SPOOL_BYTES in all) is synced and each replicator, a process of its own, is measured quiet and under one change a
+# second: change to visible on the standby (adds, deletes, edits), CPU and memory per node (BenchmarkSpool).
+SYNC_FILES  ?= 10000
+SYNC_BYTES  ?= 1073741824
+SYNC_RUNS   ?= 3
+SPOOL_FILES ?= 50000
+SPOOL_BYTES ?= 524288000
 bench-sync:
-	cd services/replicator && FAN_BENCH_FILES=$(SYNC_FILES) FAN_BENCH_BYTES=$(SYNC_BYTES) FAN_BENCH_RUNS=$(SYNC_RUNS) go test -run '^$$' -bench VersusRsync -benchtime 1x -timeout 30m ./internal/replicate
+	cd services/replicator && FAN_BENCH_FILES=$(SYNC_FILES) FAN_BENCH_BYTES=$(SYNC_BYTES) FAN_BENCH_RUNS=$(SYNC_RUNS) \
+		FAN_BENCH_SPOOL_FILES=$(SPOOL_FILES) FAN_BENCH_SPOOL_BYTES=$(SPOOL_BYTES) \
+		go test -run '^$$' -bench 'VersusRsync|Spool' -benchtime 1x -timeout 60m ./internal/replicate
 
 # Registrations carried from the holder to the standby (lab/regbench, a
 # network namespace of its own): PHONES phones registered through SIPp and

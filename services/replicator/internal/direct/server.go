@@ -63,7 +63,21 @@ type Server struct {
 
 type servedTree struct {
 	open   Opener
-	byHash map[string]fstree.Entry
+	byHash map[string]fstree.Entry // as Serve was given it, never changed
+
+	// added is what Add gave since.
+	mu    sync.RWMutex
+	added map[string]fstree.Entry
+}
+
+func (t *servedTree) lookup(hash string) (fstree.Entry, bool) {
+	if e, ok := t.byHash[hash]; ok {
+		return e, true
+	}
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	e, ok := t.added[hash]
+	return e, ok
 }
 
 // NewServer answers on node's content subject of cluster for group's trees;
@@ -92,6 +106,29 @@ func (s *Server) Serve(tree string, open Opener, entries []fstree.Entry) {
 	s.mu.Lock()
 	s.trees[tree] = &servedTree{open: open, byHash: byHash}
 	s.mu.Unlock()
+}
+
+// Add serves entries' files too, beside what tree already serves: a
+// source calls it with each delta, before it publishes. What Serve
+// replaced is forgotten with it.
+func (s *Server) Add(tree string, open Opener, entries []fstree.Entry) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.trees[tree]
+	if st == nil {
+		st = &servedTree{open: open, byHash: map[string]fstree.Entry{}}
+		s.trees[tree] = st
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.added == nil {
+		st.added = map[string]fstree.Entry{}
+	}
+	for _, e := range entries {
+		if e.Kind == fstree.KindFile {
+			st.added[e.Hash] = e
+		}
+	}
 }
 
 // Withdraw stops serving tree (this node is no longer its source).
@@ -168,7 +205,7 @@ func (s *Server) answer(m *nats.Msg) {
 		if room <= 0 || (rg.Length > int64(room) && len(lengths) > 0) {
 			break // asked again for the rest
 		}
-		e, ok := t.byHash[rg.Hash]
+		e, ok := t.lookup(rg.Hash)
 		if !ok || rg.Offset >= e.Size {
 			lengths = append(lengths, -1)
 			continue

@@ -79,6 +79,12 @@ type ApplyOptions struct {
 	// kind (so delete first) makes the whole apply refuse, with
 	// ErrNeedsFull, to wait for the full manifest.
 	Partial bool
+	// TreeFiles, when positive, is how many files the whole tree holds:
+	// the safety valve's base when the entries planned are only part of
+	// it (a delta). DeletedBefore counts deletions recent deltas already
+	// made, judged together with this apply's (so a mass deletion cut
+	// into many small deltas still meets the valve).
+	TreeFiles, DeletedBefore int
 
 	// The tree's policy for what a manifest may ask (see Validate and
 	// Plan). All false is the safe default: symlinks stay inside the tree,
@@ -326,7 +332,10 @@ func Plan(wanted, local []Entry, o ApplyOptions, root Owner) (*ApplyPlan, error)
 		p.DelFiles, p.DelDirs = nil, nil
 	}
 	localFiles := Files(local)
-	if n := len(p.DelFiles); n > o.AllowDeletes && float64(n) > o.MaxDeleteShare*float64(localFiles) {
+	if o.TreeFiles > 0 {
+		localFiles = o.TreeFiles + o.DeletedBefore
+	}
+	if n := len(p.DelFiles) + o.DeletedBefore; len(p.DelFiles) > 0 && n > o.AllowDeletes && float64(n) > o.MaxDeleteShare*float64(localFiles) {
 		return nil, &ValveError{Deletes: n, TargetFiles: localFiles, MaxShare: o.MaxDeleteShare}
 	}
 	return p, nil

@@ -111,83 +111,11 @@ func (s *Scanner) ScanHooked(ctx context.Context, hooks ScanHooks) (ScanResult, 
 	}
 	defer t.close()
 
-	var entries []Entry
-	var toHash []int
-	keys := map[int]statKey{}
-	var walk func(dirfd int, rel string) error
-	walk = func(dirfd int, rel string) error {
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		// A descriptor of its own to read: ReadDir moves its offset.
-		fd, err := unix.Openat(dirfd, ".", unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
-		if err != nil {
-			return fmt.Errorf("scan %s: %w", t.full(rel), err)
-		}
-		df := os.NewFile(uintptr(fd), t.full(rel))
-		des, err := df.ReadDir(-1)
-		df.Close()
-		if err != nil {
-			return fmt.Errorf("scan %s: %w", t.full(rel), err)
-		}
-		for _, de := range des {
-			r := de.Name()
-			if rel != "" {
-				r = rel + "/" + de.Name()
-			}
-			var st unix.Stat_t
-			if err := unix.Fstatat(dirfd, de.Name(), &st, unix.AT_SYMLINK_NOFOLLOW); err != nil {
-				if errors.Is(err, unix.ENOENT) {
-					continue
-				}
-				return fmt.Errorf("scan %s: %w", t.full(r), err)
-			}
-			e, key, ok := entryOfStat(r, &st)
-			if !ok || s.Exclude.Excluded(r, e.Kind == KindDir) {
-				continue
-			}
-			switch e.Kind {
-			case KindSymlink:
-				buf := make([]byte, unix.PathMax)
-				n, err := unix.Readlinkat(dirfd, de.Name(), buf)
-				if err != nil {
-					continue
-				}
-				e.Link = string(buf[:n])
-			case KindFile:
-				s.mu.Lock()
-				c, hit := s.cache[r]
-				s.mu.Unlock()
-				if hit && c.key == key {
-					e.Hash = c.hash
-				} else {
-					toHash = append(toHash, len(entries))
-					keys[len(entries)] = key
-				}
-			}
-			entries = append(entries, e)
-			if e.Kind == KindDir {
-				sub, err := unix.Openat(dirfd, de.Name(), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-				if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ENOTDIR) || errors.Is(err, unix.ELOOP) {
-					// Gone or swapped since the stat: the next scan sees what it became.
-					entries = entries[:len(entries)-1]
-					continue
-				}
-				if err != nil {
-					return fmt.Errorf("scan %s: %w", t.full(r), err)
-				}
-				err = walk(sub, r)
-				unix.Close(sub)
-				if err != nil {
-					return err
-				}
-			}
-		}
-		return nil
-	}
-	if err := walk(int(t.root.Fd()), ""); err != nil {
+	ws := &walkState{keys: map[int]statKey{}}
+	if err := s.walk(ctx, t, int(t.root.Fd()), "", ws); err != nil {
 		return ScanResult{}, err
 	}
+	entries := ws.entries
 
 	if hooks.Walked != nil {
 		hooks.Walked(slices.Clone(entries))
@@ -195,73 +123,9 @@ func (s *Scanner) ScanHooked(ctx context.Context, hooks ScanHooks) (ScanResult, 
 	if beforeHash != nil {
 		beforeHash()
 	}
-	res := ScanResult{Hashed: len(toHash)}
-	gone := make([]bool, len(entries))
-	var mu sync.Mutex
-	var firstErr error
-	work := make(chan int)
-	var wg sync.WaitGroup
-	workers := s.Workers
-	if workers <= 0 {
-		workers = 4
-	}
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range work {
-				e := &entries[i]
-				keep := int64(-1)
-				if hashed != nil && e.Size <= KeepMax {
-					keep = e.Size
-				}
-				h, hashedSize, after, content, err := hashFile(t, e.Path, keep)
-				var done Entry
-				mu.Lock()
-				switch {
-				case errors.Is(err, fs.ErrNotExist) || errors.Is(err, ErrOutsideTree) || errors.Is(err, errKindChanged):
-					// Gone, or swapped for something else since the
-					// stat: the next scan sees what it became.
-					gone[i] = true
-				case err != nil:
-					if firstErr == nil {
-						firstErr = err
-					}
-				default:
-					e.Hash = h
-					if after.key != keys[i] {
-						// Written to while read: publish what was read
-						// (its size is the bytes hashed: a recording
-						// appended to after the read reached its end is
-						// longer than that) and let the next pass settle it.
-						res.Unsettled++
-						e.Size, e.MTime = hashedSize, after.key.mtime
-					} else {
-						s.mu.Lock()
-						s.cache[e.Path] = cached{key: after.key, hash: h}
-						s.mu.Unlock()
-					}
-					done = *e
-				}
-				mu.Unlock()
-				if hashed != nil && done.Hash != "" {
-					hashed(done, content)
-				}
-			}
-		}()
-	}
-	for _, i := range toHash {
-		select {
-		case work <- i:
-		case <-ctx.Done():
-		}
-	}
-	close(work)
-	wg.Wait()
-	if firstErr != nil {
-		return ScanResult{}, firstErr
-	}
-	if err := ctx.Err(); err != nil {
+	res := ScanResult{Hashed: len(ws.toHash)}
+	gone, err := s.hashAll(ctx, t, ws, hashed, &res)
+	if err != nil {
 		return ScanResult{}, err
 	}
 	out := entries[:0]

@@ -11,6 +11,7 @@ import (
 	"github.com/fanpbx/fan/lab/amipeer"
 	"github.com/fanpbx/fan/pkg/ami"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 )
 
@@ -74,7 +75,7 @@ func registrar(n *node) map[string]string {
 
 func (l *lab) sameRegistrar(what string, a, b *node) {
 	l.t.Helper()
-	l.eventually(what, 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), what, func() error {
 		ra, rb := registrar(a), registrar(b)
 		if !maps.Equal(ra, rb) {
 			return fmt.Errorf("%s has %d contacts, %s %d", a.name, len(ra), b.name, len(rb))
@@ -115,11 +116,11 @@ func TestRegistrationsAsTheyHappen(t *testing.T) {
 		register(t, n1, phone(i, 20000+i, 300))
 	}
 	l.sameRegistrar("registrations carried", n1, n2)
-	// A refresh changes expiration_time (a second later) and the call's
-	// CSeq-borne fields; Asterisk reports it with the setting on.
-	time.Sleep(1100 * time.Millisecond)
+	// A refresh changes expiration_time and the call's CSeq-borne fields;
+	// Asterisk reports it with the setting on. A longer expiry moves
+	// expiration_time without waiting for the clock's next second.
 	for i := range 5 {
-		r := phone(i, 20000+i, 300)
+		r := phone(i, 20000+i, 600)
 		r.UserAgent = "refreshed"
 		register(t, n1, r)
 	}
@@ -184,7 +185,7 @@ func TestMassChurnReplicatesWipeIsHeld(t *testing.T) {
 	mark = l.mark()
 	n1.peer.Restart(false)
 	var held *events.ReplicationHeld
-	l.eventually("deletions held back and said", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "deletions held back and said", func() error {
 		_, p, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 			_, ok := p.(*events.ReplicationHeld)
 			return ok
@@ -202,7 +203,7 @@ func TestMassChurnReplicatesWipeIsHeld(t *testing.T) {
 	// A phone registering now still reaches the standby.
 	register(t, n1, phone(0, 23000, 300))
 	key := "/registrar/contact/" + amipeer.ContactID("7000", "sip:7000@127.0.0.1:23000")
-	l.eventually("a registration after the wipe carried", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "a registration after the wipe carried", func() error {
 		if _, ok := registrar(n2)[key]; !ok {
 			return fmt.Errorf("not on n2")
 		}
@@ -225,6 +226,10 @@ func TestMassChurnReplicatesWipeIsHeld(t *testing.T) {
 // down while phones registered catches up when it comes back, by asking
 // the holder for a reconcile, without waiting for the periodic one.
 func TestStandbyCatchesUpAfterMissingDeltas(t *testing.T) {
+	// Every first manifest counts as stale: the holder's last one is older
+	// than the registrations below, as it would be after a while.
+	prev := replicate.SetStaleManifest(0)
+	t.Cleanup(func() { replicate.SetStaleManifest(prev) })
 	l := newLab(t)
 	n1, n2 := registrarNode(t, "n1"), registrarNode(t, "n2")
 	mark := l.mark()
@@ -236,7 +241,6 @@ func TestStandbyCatchesUpAfterMissingDeltas(t *testing.T) {
 	for i := range 10 {
 		register(t, n1, phone(i, 24000+i, 300))
 	}
-	time.Sleep(2500 * time.Millisecond) // the holder's last manifest is older than the registrations
 	l.start(n2, following(t, n2))
 	l.sameRegistrar("caught up after a restart", n1, n2)
 }

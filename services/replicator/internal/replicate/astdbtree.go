@@ -38,10 +38,13 @@ const (
 	// resyncEvery spaces the reconciles standbys ask for (on the holder)
 	// and the requests a standby sends while a gap stays open.
 	resyncEvery = time.Second
-	// staleManifest: a standby whose first manifest of a tenure is older
-	// than this asks for a fresh one (what came after it is unknown).
-	staleManifest = 2 * time.Second
 )
+
+// staleManifest: a standby whose first manifest of a tenure is older than
+// this asks for a fresh one (what came after it is unknown). A variable so
+// that a test can make every manifest stale instead of waiting for one to
+// age.
+var staleManifest = 2 * time.Second
 
 // astdbSource is the holder's state of an AstDB tree.
 type astdbSource struct {

@@ -187,7 +187,7 @@ func BenchmarkVersusRsync(b *testing.B) {
 			stop1 := l.start(n1, cfg)
 			stop2 := l.start(n2, cfg)
 			l.setHolder("n1", 1)
-			l.eventuallyLong = true
+			l.patient = true
 			st := l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
 			fInit := time.Since(start)
 			// Both replicators and the JetStream server run in this process.
@@ -398,16 +398,34 @@ func dropCaches() {
 	_ = os.WriteFile("/proc/sys/vm/drop_caches", []byte("3"), 0o200)
 }
 
-func waitFile(b *testing.B, p string, size int, since time.Time) time.Duration {
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		if fi, err := os.Stat(p); err == nil && fi.Size() == int64(size) {
-			return time.Since(since)
+// visibleAfter is how long after since the standby showed a change:
+// cond, given what stat says of p, holds. It is a measurement, not a wait
+// for a test to go on: it looks every half millisecond, where
+// waittest.Until's 20 ms poll would be the floor of figures of a few
+// milliseconds.
+func visibleAfter(b *testing.B, p string, since time.Time, cond func(os.FileInfo, error) bool) time.Duration {
+	b.Helper()
+	const within = 10 * time.Second
+	deadline := time.Now().Add(within)
+	for !cond(os.Lstat(p)) {
+		if time.Now().After(deadline) {
+			b.Fatalf("%s: change not on the standby within %v", p, within)
 		}
 		time.Sleep(500 * time.Microsecond)
 	}
-	b.Fatalf("%s not replicated within 10s", p)
-	return 0
+	return time.Since(since)
+}
+
+// waitFile times a file of size bytes appearing (or taking that size) at p.
+func waitFile(b *testing.B, p string, size int, since time.Time) time.Duration {
+	b.Helper()
+	return visibleAfter(b, p, since, func(fi os.FileInfo, err error) bool { return err == nil && fi.Size() == int64(size) })
+}
+
+// waitGone times p's deletion.
+func waitGone(b *testing.B, p string, since time.Time) time.Duration {
+	b.Helper()
+	return visibleAfter(b, p, since, func(_ os.FileInfo, err error) bool { return os.IsNotExist(err) })
 }
 
 func pct(ds []time.Duration, p float64) time.Duration {

@@ -5,10 +5,13 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
 )
@@ -74,7 +77,7 @@ func TestDirectTransferOfALargePass(t *testing.T) {
 	mark = l.mark()
 	msg := random(8 << 10)
 	write(t, n1.root, "default/2/INBOX/msg0200.txt", msg)
-	l.eventually("the new message on n2", 20*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(20*time.Second), "the new message on n2", func() error {
 		return same(n1.root, n2.root)
 	})
 	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
@@ -113,7 +116,17 @@ func TestTargetWithoutDirectTransferGetsEverythingFromTheStore(t *testing.T) {
 // is before any full manifest exists, from progress manifests published
 // during the scan (direct transfer serves what they list).
 func TestProgressWhileTheSourceStillReads(t *testing.T) {
-	replicate.AfterHashing(func(string) { time.Sleep(10 * time.Millisecond) })
+	// The scan stops half way until a file is on n2: the full manifest
+	// cannot come first, however fast the machine.
+	var hashed atomic.Int64
+	hold := make(chan struct{})
+	var once sync.Once
+	release := func() { once.Do(func() { close(hold) }) }
+	replicate.AfterHashing(func(string) {
+		if hashed.Add(1) == 100 {
+			<-hold
+		}
+	})
 	t.Cleanup(func() { replicate.AfterHashing(nil) })
 	l := newLab(t)
 	n1, n2 := newNode(t, "n1"), newNode(t, "n2")
@@ -125,9 +138,11 @@ func TestProgressWhileTheSourceStillReads(t *testing.T) {
 	room := func(c *replicate.Config) { c.StorePassBytes = 1 } // everything served, nothing uploaded
 	l.start(n1, room)
 	l.start(n2, room)
+	// Before the replicators stop, or n1's scan would wait forever.
+	t.Cleanup(release)
 	l.setHolder("n1", 1)
 	name := events.ReplManifestName(cluster, group, "voicemail", "n1")
-	l.eventually("a file on n2 while n1 has no full manifest yet", 20*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(20*time.Second), "a file on n2 while n1 has no full manifest yet", func() error {
 		found := false
 		for i := range 200 {
 			if _, err := os.Stat(filepath.Join(n2.root, fmt.Sprintf("default/%d/INBOX/msg%04d.txt", i%4, i))); err == nil {
@@ -143,6 +158,7 @@ func TestProgressWhileTheSourceStillReads(t *testing.T) {
 		}
 		return nil
 	})
+	release()
 	l.waitCaughtUp(mark, "n1", "n2", "voicemail", 1)
 	if err := same(n1.root, n2.root); err != nil {
 		t.Fatal(err)

@@ -20,6 +20,7 @@ import (
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
 	"github.com/fanpbx/fan/pkg/platform/daemon"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
@@ -44,8 +45,8 @@ type lab struct {
 	ctl *bus.Bus
 	ctx context.Context
 
-	// eventuallyLong lets benchmarks wait minutes instead of seconds.
-	eventuallyLong bool
+	// patient lets benchmarks wait minutes instead of seconds.
+	patient bool
 
 	mu  sync.Mutex
 	evs []events.Envelope
@@ -166,23 +167,13 @@ func (l *lab) setHolder(holder string, epoch uint64) {
 	}
 }
 
-// eventually polls cond until it returns nil, failing with its last error.
-func (l *lab) eventually(what string, within time.Duration, cond func() error) {
-	l.t.Helper()
-	if l.eventuallyLong {
-		within = 15 * time.Minute
+// patience is how long a wait may take: within, or minutes in a
+// benchmark, whose trees are much larger than a test's.
+func (l *lab) patience(within time.Duration) time.Duration {
+	if l.patient {
+		return 15 * time.Minute
 	}
-	deadline := time.Now().Add(within)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) || l.ctx.Err() != nil {
-			l.t.Fatalf("%s: %v", what, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return within
 }
 
 // find returns the first event (after index from) matching fn.
@@ -207,7 +198,7 @@ func (l *lab) mark() int {
 func (l *lab) waitCaughtUp(from int, source, peer, tree string, epoch uint64) *events.ReplicationStatus {
 	l.t.Helper()
 	var got *events.ReplicationStatus
-	l.eventually(fmt.Sprintf("%s reports %s caught up on %s in epoch %d", source, peer, tree, epoch), 20*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(20*time.Second), fmt.Sprintf("%s reports %s caught up on %s in epoch %d", source, peer, tree, epoch), func() error {
 		_, p, i := l.find(from, func(env events.Envelope, p events.Payload) bool {
 			s, ok := p.(*events.ReplicationStatus)
 			return ok && s.Node == source && s.Peer == peer && s.Tree == tree && s.CaughtUp && env.Epoch == epoch
@@ -347,7 +338,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	if err := os.Remove(filepath.Join(n1.root, "default/1006/INBOX/msg0006.txt")); err != nil {
 		t.Fatal(err)
 	}
-	l.eventually("changes replicated", 10*time.Second, func() error { return same(n1.root, n2.root) })
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "changes replicated", func() error { return same(n1.root, n2.root) })
 
 	// A crash of the target and a restart converge too (its state is on disk).
 	stop2()
@@ -358,7 +349,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	// "Caught up" is with the source's last pass; the write above may reach
 	// n1's replicator (a file notification, then a debounced pass) after n2
 	// confirmed the pass before it (seen under load), so converge, then.
-	l.eventually("converged after target restart", 10*time.Second, func() error { return same(n1.root, n2.root) })
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "converged after target restart", func() error { return same(n1.root, n2.root) })
 
 	// Failover: n2 holds in epoch 2. A message left on n2 during the outage
 	// flows back to n1 before any failback, and n2 says so for peer n1.
@@ -367,7 +358,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	// Let n2 take the source role before anything is written there: this
 	// test is about direction. The moment before it does (a KV watch away)
 	// is what a target's fresh check of the source's tenure narrows.
-	l.eventually("n2 acts as the source in epoch 2", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "n2 acts as the source in epoch 2", func() error {
 		if _, _, i := l.find(mark, func(env events.Envelope, p events.Payload) bool {
 			s, ok := p.(*events.ReplicationStatus)
 			return ok && s.Node == "n2" && env.Epoch == 2
@@ -380,7 +371,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	write(t, n2.root, "default/1000/INBOX/msg0700.txt", []byte("left on the standby"))
 	// n1, holder of the older epoch, writes too: it must never push.
 	write(t, n1.root, "default/1000/INBOX/msg0800.txt", []byte("written on the old primary"))
-	l.eventually("reverse sync", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "reverse sync", func() error {
 		if _, err := os.Stat(filepath.Join(n1.root, "default/1000/INBOX/msg0700.txt")); err != nil {
 			return err
 		}
@@ -420,7 +411,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	}
 	mark = l.mark()
 	l.start(n2, preserve)
-	l.eventually("safety valve alarm", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "safety valve alarm", func() error {
 		if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 			a, ok := p.(*events.ReplicationAlarm)
 			return ok && a.Node == "n1" && a.Reason == events.AlarmSafetyValve && a.Deletes >= 140
@@ -432,7 +423,7 @@ func TestDirectionFollowsTheEpoch(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(n1.root, "default/1000/INBOX/msg0000.txt")); err != nil {
 		t.Fatalf("target deleted despite the valve: %v", err)
 	}
-	l.eventually("not caught up while the valve holds", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "not caught up while the valve holds", func() error {
 		if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 			s, ok := p.(*events.ReplicationStatus)
 			return ok && s.Node == "n2" && s.Peer == "n1" && !s.CaughtUp && strings.Contains(s.Error, "safety valve")
@@ -468,7 +459,7 @@ func TestEmptySourceIsNotPublished(t *testing.T) {
 	if err := os.Rename(n1.root, moved); err != nil {
 		t.Fatal(err)
 	}
-	l.eventually("missing source alarm", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "missing source alarm", func() error {
 		if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 			a, ok := p.(*events.ReplicationAlarm)
 			return ok && a.Node == "n1" && a.Reason == events.AlarmSourceMissing
@@ -480,7 +471,7 @@ func TestEmptySourceIsNotPublished(t *testing.T) {
 	if err := os.Mkdir(n1.root, 0o755); err != nil { // an empty mount point
 		t.Fatal(err)
 	}
-	l.eventually("empty source alarm", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "empty source alarm", func() error {
 		if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 			a, ok := p.(*events.ReplicationAlarm)
 			return ok && a.Node == "n1" && a.Reason == events.AlarmSourceEmpty
@@ -533,7 +524,7 @@ func TestProgressManifests(t *testing.T) {
 	// message's audio is what decides).
 	store1(wav)
 	publish(true, 100, fstree.StoredPart(scan(), st.Has))
-	l.eventually("progress applied", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "progress applied", func() error {
 		_, err := os.Stat(n2path("default/1000/INBOX/msg0000.wav"))
 		return err
 	})
@@ -546,7 +537,7 @@ func TestProgressManifests(t *testing.T) {
 	store1(txt)
 	part := fstree.StoredPart(scan(), func(h string) bool { return st.Has(h) && h != store.HashOf(wav[:1000]) })
 	publish(true, 110, part)
-	l.eventually("second progress applied", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "second progress applied", func() error {
 		_, err := os.Stat(n2path("default/1000/INBOX/msg0000.txt"))
 		return err
 	})
@@ -564,7 +555,7 @@ func TestProgressManifests(t *testing.T) {
 	store1(wav[:1000])
 	full := scan()
 	publish(false, 200, full)
-	l.eventually("full manifest confirmed", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "full manifest confirmed", func() error {
 		if _, _, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 			a, ok := p.(*events.ReplicationApplied)
 			return ok && a.Node == "n2" && a.Generation == 200 && a.Error == ""
@@ -590,7 +581,7 @@ func TestProgressManifests(t *testing.T) {
 	store1(fresh)
 	write(t, src, "default/1000/INBOX/fresh.txt", fresh)
 	publish(true, 250, scan())
-	l.eventually("newer progress applied", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "newer progress applied", func() error {
 		_, err := os.Stat(n2path("default/1000/INBOX/fresh.txt"))
 		return err
 	})
@@ -640,7 +631,7 @@ func TestRegistrationsFollowTheHolder(t *testing.T) {
 	l.setHolder("n2", 2)
 	n2.peer.DBPut("registrar", "contact/6002;@ff", `{"endpoint":"6002"}`)
 	l.waitCaughtUp(mark, "n2", "n1", "astdb", 2)
-	l.eventually("contact carried back", 5*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(5*time.Second), "contact carried back", func() error {
 		if v := n1.peer.DB()["/registrar/contact/6002;@ff"]; v != `{"endpoint":"6002"}` {
 			return fmt.Errorf("n1 has %q", v)
 		}
@@ -708,7 +699,7 @@ func TestUnconfirmedSourceIsBounded(t *testing.T) {
 
 	mark := l.mark()
 	putManifest(1)
-	l.eventually("first manifest applied", 10*time.Second, applied(mark, 1))
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "first manifest applied", applied(mark, 1))
 
 	// The status unreadable: the next manifest is held back, and said so.
 	if err := kv.Delete(l.ctx, events.GroupStatusKey(cluster, group)); err != nil {
@@ -716,7 +707,7 @@ func TestUnconfirmedSourceIsBounded(t *testing.T) {
 	}
 	mark = l.mark()
 	putManifest(2)
-	l.eventually("source_unconfirmed raised", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "source_unconfirmed raised", func() error {
 		if !conds.Is(replicate.CondSourceUnconfirmed) {
 			return fmt.Errorf("not raised: %v", conds.Raised())
 		}
@@ -727,8 +718,8 @@ func TestUnconfirmedSourceIsBounded(t *testing.T) {
 	}
 	// Readable again: the retry applies it and the condition clears.
 	l.setHolder("n1", 1)
-	l.eventually("applied after the status came back", 10*time.Second, applied(mark, 2))
-	l.eventually("source_unconfirmed cleared", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "applied after the status came back", applied(mark, 2))
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "source_unconfirmed cleared", func() error {
 		if conds.Is(replicate.CondSourceUnconfirmed) {
 			return fmt.Errorf("still raised")
 		}

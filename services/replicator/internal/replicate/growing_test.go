@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 )
 
@@ -77,7 +78,7 @@ func TestARecordingBeingWrittenDoesNotHoldTheTreeBack(t *testing.T) {
 	// recording as a scan read it (a beginning of what n1 holds now).
 	msg := random(6 << 10)
 	write(t, n1.root, "default/1/INBOX/msg0001.txt", msg)
-	l.eventually("the message and the recording so far on n2 while the call records", 20*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(20*time.Second), "the message and the recording so far on n2 while the call records", func() error {
 		got, err := os.ReadFile(filepath.Join(n2.root, "default/1/INBOX/msg0001.txt"))
 		if err != nil {
 			return err
@@ -101,7 +102,7 @@ func TestARecordingBeingWrittenDoesNotHoldTheTreeBack(t *testing.T) {
 		return nil
 	})
 	endCall()
-	l.eventually("the whole recording on n2 after the call", 20*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(20*time.Second), "the whole recording on n2 after the call", func() error {
 		return same(n1.root, n2.root)
 	})
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/bus"
 	"github.com/fanpbx/fan/pkg/platform/bus/bustest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
 )
@@ -29,7 +30,7 @@ func TestSourceAlone(t *testing.T) {
 	l.setHolder("n1", 1)
 
 	var m *fstree.Manifest
-	l.eventually("n1 publishes its manifest", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "n1 publishes its manifest", func() error {
 		var err error
 		m, err = st.GetManifest(l.ctx, events.ReplManifestName(cluster, group, "voicemail", "n1"))
 		if errors.Is(err, store.ErrNoManifest) {
@@ -68,7 +69,7 @@ func TestSourceAlone(t *testing.T) {
 	}
 	status := func(from int, caught bool, errText string) int {
 		var at int
-		l.eventually(fmt.Sprintf("a status with caught up %v", caught), 10*time.Second, func() error {
+		waittest.Succeeds(l.t, l.patience(10*time.Second), fmt.Sprintf("a status with caught up %v", caught), func() error {
 			_, _, i := l.find(from, func(env events.Envelope, p events.Payload) bool {
 				s, ok := p.(*events.ReplicationStatus)
 				return ok && s.Node == "n1" && s.Peer == "n2" && s.Generation == m.Generation &&

@@ -12,6 +12,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/prereq"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/services/replicator/internal/fstree"
 	"github.com/fanpbx/fan/services/replicator/internal/replicate"
 	"github.com/fanpbx/fan/services/replicator/internal/store"
@@ -58,7 +59,7 @@ func TestHostileHolder(t *testing.T) {
 	}
 	applied := func(node string, gen uint64) *events.ReplicationApplied {
 		var a *events.ReplicationApplied
-		l.eventually(fmt.Sprintf("%s confirms generation %d", node, gen), 10*time.Second, func() error {
+		waittest.Succeeds(l.t, l.patience(10*time.Second), fmt.Sprintf("%s confirms generation %d", node, gen), func() error {
 			_, p, i := l.find(mark, func(_ events.Envelope, p events.Payload) bool {
 				x, ok := p.(*events.ReplicationApplied)
 				return ok && x.Node == node && x.Generation == gen
@@ -103,7 +104,7 @@ func TestHostileHolder(t *testing.T) {
 	// shows it ended (a tree's passes run one at a time).
 	publish(true, 2, []fstree.Entry{{Path: "progress-seen", Kind: fstree.KindDir, Mode: 0o755},
 		file("x/pwned", []byte("#!/bin/sh\nid > /tmp/owned\n"), 0o4755)})
-	l.eventually("n3 applies the progress manifest", 10*time.Second, func() error {
+	waittest.Succeeds(l.t, l.patience(10*time.Second), "n3 applies the progress manifest", func() error {
 		_, err := os.Stat(filepath.Join(n3.root, "progress-seen"))
 		return err
 	})

@@ -18,7 +18,10 @@ import (
 
 // published is a manifest this node published as source.
 type published struct {
-	m         *fstree.Manifest
+	m *fstree.Manifest
+	// delta is set when m stands for a delta (generation, digest, epoch
+	// and changed only).
+	delta     *fstree.Delta
 	started   time.Time // pass start
 	published time.Time
 }
@@ -28,7 +31,7 @@ type peerState struct {
 	caughtUp bool
 }
 
-const keepRecent = 16
+const keepRecent = 64
 
 // source is the half of a tree's worker that runs on the holder: it
 // scans the tree (or reads AstDB), uploads what the content store lacks,
@@ -57,6 +60,26 @@ type source struct {
 	rewritten atomic.Int32
 	// reg is an AstDB tree's state (astdbtree.go).
 	reg astdbSource
+
+	// A file tree's chain of deltas (delta.go): cur is the tree as last
+	// published (nil until this tenure's first full manifest), curFiles
+	// its files; seq the last delta published (or the full manifest's
+	// AsOf) and chainGen its generation; sinceFull counts deltas since the
+	// last full manifest, prevAsOf is the AsOf of the one before;
+	// knownSeq the last delta recorded in known.
+	cur       map[string]fstree.Entry
+	curFiles  int
+	seq       uint64
+	chainGen  uint64
+	sinceFull int
+	prevAsOf  uint64
+	knownSeq  uint64
+	fullGen   uint64 // the generation of the last full manifest published
+	dropping  atomic.Bool
+	// tenure counts this node's tenures as source; rebasing says a full
+	// manifest is being published beside the worker (delta.go: rebase).
+	tenure   uint64
+	rebasing bool
 }
 
 // storeRoom is how many bytes of new contents a pass may still store in
@@ -168,6 +191,8 @@ func (w *source) start(ctx context.Context) {
 	w.log.Info("source of the tree", "epoch", w.role.Epoch)
 	w.peers = map[string]peerState{}
 	w.recent = nil
+	w.cur, w.curFiles, w.sinceFull, w.prevAsOf, w.knownSeq = nil, 0, 0, 0, 0
+	w.tenure++
 	w.room.forget()
 	w.changedAt, w.dirty = time.Now(), true
 	if w.t.isAstDB() {
@@ -217,7 +242,9 @@ func (w *source) read(ctx context.Context, snd *sender, prog *scanProgress) ([]f
 		return nil, err
 	}
 	if res.Unsettled > 0 {
-		// Files still being written: publish what was read, look again.
+		// Files still being written: publish what was read, look again
+		// (once deltas follow, at the paths notified since the scan
+		// began, which include them).
 		w.dirty = true
 		nudgeTime(w.fsCh, time.Now())
 	}
@@ -236,6 +263,10 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 		changedAt = start
 	}
 	w.dirty = false
+	if !w.t.isAstDB() {
+		// The scan covers whatever was notified before it.
+		w.pend.take()
+	}
 	w.room.reset(w.e.cfg.StorePassBytes)
 	w.progressFiles = -1
 	var snd *sender
@@ -266,6 +297,7 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 		w.log.Warn("source read failed", "err", err)
 		w.e.m.passes.WithLabelValues(w.t.Name, "source", "error").Inc()
 		w.dirty = true
+		w.pend.addAll()
 		return false
 	}
 	if fstree.Files(entries) == 0 && len(w.known) > 0 && !w.t.isAstDB() {
@@ -330,6 +362,13 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 	}
 	if w.t.isAstDB() {
 		m.AsOf = w.reg.seq
+	} else {
+		if w.cur == nil {
+			// A tenure's chain is numbered from its start: above any
+			// delta an earlier process of this node left in the bucket.
+			w.seq = uint64(time.Now().UnixNano())
+		}
+		m.AsOf = w.seq
 	}
 	if err := w.e.store.PutManifest(ctx, m); err != nil {
 		if ctx.Err() == nil {
@@ -338,9 +377,22 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 		}
 		w.dirty = true
 		w.changedAt = changedAt
+		if !w.t.isAstDB() {
+			w.pend.addAll()
+		}
 		return false
 	}
 	w.lastGen = gen
+	if !w.t.isAstDB() {
+		drop := w.prevAsOf
+		if w.cur == nil {
+			drop = w.seq // what earlier processes of this node left
+		}
+		w.setCur(entries)
+		w.chainGen, w.fullGen, w.sinceFull, w.prevAsOf = gen, gen, 0, w.seq
+		w.dropDeltas(drop)
+		defer releaseMemory(len(entries))
+	}
 	if w.progressOut {
 		w.progressOut = false
 		if err := w.e.store.DeleteProgress(ctx, w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, w.e.cfg.Node); err != nil {
@@ -357,10 +409,7 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 		head.Entries = nil
 		m = &head
 	}
-	w.recent = append(w.recent, published{m: m, started: start, published: time.Now()})
-	if len(w.recent) > keepRecent {
-		w.recent = w.recent[len(w.recent)-keepRecent:]
-	}
+	w.remember(published{m: m, started: start, published: time.Now()})
 	w.e.m.passes.WithLabelValues(w.t.Name, "source", "published").Inc()
 	w.e.m.duration.WithLabelValues(w.t.Name, "source").Observe(time.Since(start).Seconds())
 	w.e.m.files.WithLabelValues(w.t.Name, "source").Add(float64(files))
@@ -525,6 +574,7 @@ func (w *source) upload(ctx context.Context, entries []fstree.Entry, progress fu
 			// missing); what the files hold now is for the next pass, soon.
 			w.log.Debug("files rewritten since the scan, not stored", "files", n)
 			w.dirty = true
+			w.pend.addAll()
 			nudgeTime(w.fsCh, time.Now())
 		}
 	}()
@@ -624,11 +674,13 @@ func (w *source) onAck(ctx context.Context, am ackMsg) {
 	}
 	var pub *published
 	for i := range w.recent {
-		if w.recent[i].m.Generation == a.Generation {
+		// A full manifest that rebases the deltas shares the last one's
+		// generation: the digest tells which was confirmed.
+		if w.recent[i].m.Generation == a.Generation && w.recent[i].m.Digest == a.Digest {
 			pub = &w.recent[i]
 		}
 	}
-	if pub == nil || pub.m.Digest != a.Digest {
+	if pub == nil {
 		return // a confirmation of a manifest this process did not publish
 	}
 	latest := w.recent[len(w.recent)-1]
@@ -638,6 +690,12 @@ func (w *source) onAck(ctx context.Context, am ackMsg) {
 	// Whether the store lost them or this node could not serve them, the
 	// next pass stores them.
 	w.room.mustStore(a.Missing)
+	if a.Error != "" && len(a.Missing) == 0 && w.chained() && w.fullGen != w.chainGen {
+		// A target refused part of the chain (the safety valve, or a
+		// path not as this node saw it): the tree as it stands now is
+		// what it judges next, whole.
+		w.rebase(ctx)
+	}
 	if len(a.Missing) > 0 {
 		w.log.Warn("peer lacks contents; sending them again", "peer", a.Node, "missing", len(a.Missing))
 		w.dirty, w.resend = true, true
@@ -656,9 +714,22 @@ func (w *source) onAck(ctx context.Context, am ackMsg) {
 		// What a peer confirmed is what this node may later treat as
 		// replicated: a file published but never confirmed stays "local"
 		// and is preserved, not deleted, if this node becomes a target.
-		w.known = fstree.KnownOf(pub.m.Entries)
-		if err := w.saveKnown(); err != nil {
-			w.log.Warn("saving state", "err", err)
+		switch {
+		case pub.delta != nil:
+			w.deltaAck(pub.delta)
+		case pub.m.Entries != nil && pub.m.AsOf >= w.knownSeq:
+			w.known = fstree.KnownOf(pub.m.Entries)
+			w.knownSeq = pub.m.AsOf
+			w.flushKnown(true)
+			defer releaseMemory(len(pub.m.Entries))
+			if !w.t.isAstDB() {
+				// Known now holds them: another peer's confirmation of
+				// the same manifest changes nothing, and the tree as it
+				// stands is in cur.
+				head := *pub.m
+				head.Entries = nil
+				pub.m = &head
+			}
 		}
 	}
 	w.peers[a.Node] = peerState{gen: a.Generation, caughtUp: caught}

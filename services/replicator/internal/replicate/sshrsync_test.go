@@ -9,6 +9,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/logtest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // sshRsync is how the replicator's users synced the spool before it:
@@ -97,7 +100,7 @@ LogLevel ERROR
 		run("ip", "-n", ns, "link", "set", "lo", "up")
 	}
 	s.sshd = exec.Command("ip", "netns", "exec", s.server, sshd, "-D", "-e", "-f", cfg)
-	var logs strings.Builder
+	var logs logtest.Buffer
 	s.sshd.Stderr = &logs
 	if err := s.sshd.Start(); err != nil {
 		b.Fatal(err)
@@ -105,18 +108,13 @@ LogLevel ERROR
 	s.ssh = fmt.Sprintf("ssh -i %s -o UserKnownHostsFile=%s -o StrictHostKeyChecking=accept-new -o BatchMode=yes -o LogLevel=ERROR",
 		userKey, filepath.Join(dir, "known_hosts"))
 	// Up when a login runs a command.
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	waittest.Succeeds(b, 10*time.Second, "ssh to the bench's sshd", func() error {
 		args := append([]string{"netns", "exec", s.client}, strings.Fields(s.ssh)...)
-		out, err := exec.Command("ip", append(args, "root@"+sshServerAddr, "true")...).CombinedOutput()
-		if err == nil {
-			break
+		if out, err := exec.Command("ip", append(args, "root@"+sshServerAddr, "true")...).CombinedOutput(); err != nil {
+			return fmt.Errorf("%w: %s; sshd: %s", err, out, logs.String())
 		}
-		if time.Now().After(deadline) {
-			b.Fatalf("ssh to the bench's sshd: %v: %s; sshd: %s", err, out, logs.String())
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	return s, ""
 }
 

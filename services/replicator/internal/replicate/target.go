@@ -31,6 +31,20 @@ type target struct {
 	progressDone fstree.ApplyResult
 	// reg is an AstDB tree's state (astdbtree.go).
 	reg astdbTarget
+
+	// A file tree following the holder's deltas (delta.go): wanted is the
+	// tree as applied (nil when the holder publishes none), wantedFiles its
+	// files; appliedSeq the last delta applied (or the full manifest's
+	// AsOf), from appliedNode, with appliedDigest; deletes what deltas
+	// deleted lately, for the safety valve.
+	wanted        map[string]fstree.Entry
+	wantedFiles   int
+	appliedSeq    uint64
+	appliedNode   string
+	appliedDigest string
+	deletes       []deletion
+	// refusedGen is the delta the safety valve refused last.
+	refusedGen uint64
 }
 
 // namedAs says whether a manifest's header is that of this cluster, group
@@ -49,6 +63,7 @@ func (w *target) namedAs(m *fstree.Manifest, name string) bool {
 // (generations come from the holder's clock).
 func (w *target) newRole() {
 	w.progressDone, w.progressGen = fstree.ApplyResult{}, 0
+	w.wanted, w.appliedSeq, w.deletes = nil, 0, nil
 	if w.t.isAstDB() {
 		w.reg.reset()
 	}
@@ -60,8 +75,27 @@ func (w *target) newRole() {
 // returns false when it should be retried.
 func (w *target) apply(ctx context.Context, force bool) bool {
 	r := w.role
+	if w.chainedTo(r) {
+		// Following the holder's deltas: its full manifest is read only
+		// when the chain breaks.
+		switch w.followDeltas(ctx) {
+		case chainCurrent:
+			if force {
+				w.checkDrift(ctx)
+				w.flushKnown(false)
+			}
+			return true
+		case chainRetry:
+			return false
+		}
+	}
 	name := events.ReplManifestName(w.e.cfg.Cluster, w.e.cfg.Group, w.t.Name, r.Holder)
 	m, err := w.e.store.GetManifest(ctx, name)
+	if errors.Is(err, store.ErrManifestReplaced) {
+		// Replaced while read: the new one is there to read now.
+		w.log.Debug("holder's manifest replaced while read; reading it again")
+		m, err = w.e.store.GetManifest(ctx, name)
+	}
 	if errors.Is(err, store.ErrNoManifest) {
 		// The holder has not published yet; it may be uploading.
 		w.applyProgress(ctx, 0)
@@ -88,6 +122,10 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 			defer cancel()
 			_ = w.e.confirmHolder(cctx, 0)
 		}()
+		return true
+	}
+	if w.chainedTo(r) && m.Node == r.Holder && m.Epoch == r.Epoch && m.Generation < w.appliedGen {
+		// Older than the deltas applied since: never go back.
 		return true
 	}
 	if !force && m.Generation == w.appliedGen && m.Epoch == w.appliedEp {
@@ -147,12 +185,18 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 	if err == nil {
 		if !w.t.isAstDB() {
 			w.known = fstree.KnownOf(m.Entries)
-			if serr := w.saveKnown(); serr != nil {
-				w.log.Warn("saving state", "err", serr)
-			}
+			w.flushKnown(true)
 		}
 		newGen := m.Generation != w.appliedGen || m.Epoch != w.appliedEp
 		w.appliedGen, w.appliedEp = m.Generation, m.Epoch
+		w.setWanted(m)
+		defer releaseMemory(len(m.Entries))
+		defer func() {
+			// Deltas published since the full manifest follow it.
+			if w.chainedTo(w.role) && ctx.Err() == nil {
+				w.followDeltas(ctx)
+			}
+		}()
 		if !newGen && !changed {
 			return true
 		}

@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -50,6 +51,10 @@ type shared struct {
 
 	roleCh chan struct{}
 	fsCh   chan time.Time
+	// pend is what notifications named since the source last looked.
+	pend pendingPaths
+	// rebaseCh brings a full manifest published beside the worker.
+	rebaseCh chan rebaseOutcome
 
 	role role // as last acted on
 
@@ -57,6 +62,10 @@ type shared struct {
 	// source) or applied (as target); persisted in state_dir.
 	known     map[string]string
 	lastAlarm string
+	// knownSaved is when known was last written; knownDirty says a delta
+	// changed it since (delta.go: saveKnownSoon).
+	knownSaved time.Time
+	knownDirty bool
 
 	// backoff is the next retry's delay while the group status cannot be
 	// read (0 otherwise); giveUp is set once that has lasted longer than
@@ -82,6 +91,9 @@ type worker struct {
 	deltaSub  *nats.Subscription
 	deltaFrom string
 	resyncCh  chan struct{}
+
+	// scanCh brings a periodic scan run in the background (delta.go).
+	scanCh chan scanOutcome
 }
 
 func newWorker(e *Engine, t Tree) (*worker, error) {
@@ -89,7 +101,7 @@ func newWorker(e *Engine, t Tree) (*worker, error) {
 		return nil, err
 	}
 	sh := &shared{e: e, t: t, log: e.log.With("tree", t.Name),
-		roleCh: make(chan struct{}, 1), fsCh: make(chan time.Time, 1)}
+		roleCh: make(chan struct{}, 1), fsCh: make(chan time.Time, 1), rebaseCh: make(chan rebaseOutcome, 1)}
 	if !t.isAstDB() {
 		sh.sc = &fstree.Scanner{Root: t.Root, Exclude: t.Exclude, Workers: e.cfg.Workers}
 	}
@@ -101,6 +113,7 @@ func newWorker(e *Engine, t Tree) (*worker, error) {
 	w := &worker{
 		shared: sh, src: newSource(sh), tgt: &target{shared: sh},
 		manifestCh: make(chan struct{}, 1), ackCh: make(chan struct{}, 1),
+		scanCh: make(chan scanOutcome, 1),
 	}
 	if t.isAstDB() {
 		w.src.reg.mirror = astdb.NewMirror(t.Families)
@@ -125,7 +138,7 @@ func (w *worker) run(ctx context.Context) error {
 		}
 		go w.notify(ctx)
 	}
-	scan := time.NewTicker(w.e.cfg.ScanInterval)
+	scan := time.NewTimer(w.e.cfg.ScanInterval)
 	defer scan.Stop()
 	var (
 		poll, reconcile <-chan time.Time
@@ -167,6 +180,7 @@ func (w *worker) run(ctx context.Context) error {
 	retry.Stop()
 	armed := false
 
+	defer w.flushKnown(false)
 	for {
 		select {
 		case <-ctx.Done():
@@ -205,7 +219,7 @@ func (w *worker) run(ctx context.Context) error {
 			}
 		case <-debounce.C:
 			armed = false
-			if w.isSource() && !w.src.pass(ctx, false) {
+			if w.isSource() && !w.src.passNotified(ctx) {
 				retry.Reset(w.retryIn(time.Second))
 			}
 		case <-poll:
@@ -232,14 +246,36 @@ func (w *worker) run(ctx context.Context) error {
 				retry.Reset(w.retryIn(0))
 			}
 		case <-scan.C:
-			if w.t.isAstDB() {
+			next := w.e.cfg.ScanInterval
+			switch {
+			case w.t.isAstDB():
 				// Its reconcile ticker does the rest, less often.
 				if w.isSource() {
 					w.src.updateLag()
 				}
-			} else {
+			case w.isSource() && w.src.chained() && !w.src.resend, w.isTarget() && w.tgt.chainedTo(w.role):
+				// In the background: changes go on being applied and
+				// published while it walks; the timer is set again when
+				// it is done.
+				w.startScan(ctx)
+				next = 0
+			default:
 				w.onTick(ctx, false)
 			}
+			w.flushKnown(false)
+			if next > 0 {
+				scan.Reset(next)
+			}
+		case o := <-w.rebaseCh:
+			w.src.rebased(o)
+		case o := <-w.scanCh:
+			if !w.scanned(ctx, o) {
+				retry.Reset(w.retryIn(time.Second))
+			}
+			if w.isSource() {
+				w.src.updateLag()
+			}
+			scan.Reset(max(w.e.cfg.ScanInterval, scanCost*o.took))
 		}
 		if w.giveUp != nil {
 			return w.giveUp
@@ -311,7 +347,16 @@ func (w *worker) onRole(ctx context.Context) {
 func (w *worker) onTick(ctx context.Context, retry bool) bool {
 	switch {
 	case w.isSource():
-		ok := w.src.pass(ctx, false)
+		var ok bool
+		if w.src.chained() && !w.src.resend {
+			// The periodic scan (not a retry, which looks again at what
+			// failed) walks the whole tree: the safety net behind
+			// notifications.
+			ok = w.src.deltaPass(ctx, !retry)
+			w.flushKnown(false)
+		} else {
+			ok = w.src.pass(ctx, false)
+		}
 		w.src.updateLag()
 		return ok
 	case w.isTarget():
@@ -374,6 +419,11 @@ func (w *shared) notifyOnce(ctx context.Context) error {
 	if _, err := os.Stat(w.t.Root); err != nil {
 		return fmt.Errorf("watch %s: %w", w.t.Root, err)
 	}
+	// watched are the directories watched, by the path they were watched
+	// under: a directory renamed inside the tree keeps its watches (and
+	// its subdirectories'), which would go on naming the old paths; they
+	// are dropped when it moves, and its new name is watched afresh.
+	watched := map[string]bool{}
 	addTree := func(dir string) {
 		_ = filepath.WalkDir(dir, func(p string, d os.DirEntry, err error) error {
 			if err != nil || !d.IsDir() {
@@ -384,9 +434,23 @@ func (w *shared) notifyOnce(ctx context.Context) error {
 			}
 			if err := fw.Add(p); err != nil {
 				w.log.Warn("watch", "dir", p, "err", err)
+				return nil
 			}
+			watched[p] = true
 			return nil
 		})
+	}
+	dropTree := func(dir string) {
+		if !watched[dir] {
+			return
+		}
+		prefix := dir + string(filepath.Separator)
+		for p := range watched {
+			if p == dir || strings.HasPrefix(p, prefix) {
+				_ = fw.Remove(p)
+				delete(watched, p)
+			}
+		}
 	}
 	addTree(w.t.Root)
 	for {
@@ -408,19 +472,24 @@ func (w *shared) notifyOnce(ctx context.Context) error {
 					isDir = true
 				}
 			}
+			if ev.Has(fsnotify.Rename) || ev.Has(fsnotify.Remove) {
+				dropTree(ev.Name)
+			}
 			if rel != "." && w.t.Exclude.ExcludedAnywhere(filepath.ToSlash(rel), isDir) {
 				continue
 			}
 			if isDir {
 				addTree(ev.Name)
 			}
+			w.pend.add(filepath.ToSlash(rel))
 			nudgeTime(w.fsCh, now)
 		case err, ok := <-fw.Errors:
 			if !ok {
 				return errors.New("fsnotify closed")
 			}
-			// An overflow lost events: a pass rescans everything anyway.
+			// An overflow lost events: the next pass scans everything.
 			w.log.Warn("file notification error", "err", err)
+			w.pend.addAll()
 			nudgeTime(w.fsCh, time.Now())
 		}
 	}

@@ -434,10 +434,7 @@ func (s *Store) putManifest(ctx context.Context, name string, m *fstree.Manifest
 	if err != nil {
 		return err
 	}
-	if _, err := s.manifests.PutBytes(ctx, name, b); err != nil {
-		return fmt.Errorf("put manifest %s: %w", name, err)
-	}
-	return nil
+	return s.putManifestMeta(ctx, name, m, b)
 }
 
 // progressSuffix marks a progress manifest: a source publishes one now and
@@ -478,20 +475,9 @@ var ErrNoManifest = errors.New("no manifest")
 // GetManifest reads a manifest and checks it (fstree.DecodeManifest: size,
 // entries, digest).
 func (s *Store) GetManifest(ctx context.Context, name string) (*fstree.Manifest, error) {
-	r, err := s.openObject(ctx, s.manifestStream, events.ReplManifestBucket, name)
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, fmt.Errorf("%s: %w", name, ErrNoManifest)
-	}
+	b, err := s.readManifestObject(ctx, name)
 	if err != nil {
-		return nil, fmt.Errorf("get manifest %s: %w", name, err)
-	}
-	// Compressed, it is a fraction of its decompressed bound.
-	b, err := io.ReadAll(io.LimitReader(r, fstree.MaxManifestBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("get manifest %s: %w", name, err)
-	}
-	if len(b) > fstree.MaxManifestBytes {
-		return nil, fmt.Errorf("manifest %s: more than %d bytes", name, fstree.MaxManifestBytes)
+		return nil, err
 	}
 	m, err := fstree.DecodeManifest(b)
 	if err != nil {
@@ -510,11 +496,24 @@ func (s *Store) GC(ctx context.Context, grace time.Duration) (int, error) {
 		return 0, fmt.Errorf("gc: list manifests: %w", err)
 	}
 	for _, in := range mans {
-		m, err := s.GetManifest(ctx, in.Name)
-		if err != nil {
-			return 0, fmt.Errorf("gc: %w", err)
+		var es []fstree.Entry
+		if IsDelta(in.Name) {
+			d, err := s.GetDelta(ctx, in.Name)
+			if errors.Is(err, ErrNoManifest) || errors.Is(err, ErrManifestReplaced) {
+				continue // deleted since the listing: a full manifest holds its contents
+			}
+			if err != nil {
+				return 0, fmt.Errorf("gc: %w", err)
+			}
+			es = d.Entries
+		} else {
+			m, err := s.GetManifest(ctx, in.Name)
+			if err != nil {
+				return 0, fmt.Errorf("gc: %w", err)
+			}
+			es = m.Entries
 		}
-		for _, e := range m.Entries {
+		for _, e := range es {
 			if e.Hash != "" {
 				refs[e.Hash] = true
 			}

@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -9,6 +10,7 @@ import (
 
 	"github.com/fanpbx/fan/pkg/events"
 	"github.com/fanpbx/fan/pkg/platform/logtest"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -64,16 +66,17 @@ func TestWaitOutlastsMissingBuckets(t *testing.T) {
 		done <- opened{st, err}
 	}()
 	// Two failed tries logged, and Wait still waiting.
-	for deadline := time.Now().Add(15 * time.Second); strings.Count(logs.String(), "open object stores failed, retrying") < 2; {
+	waittest.Succeeds(t, 15*time.Second, "a second try logged", func() error {
 		select {
 		case o := <-done:
 			t.Fatalf("Wait returned while the buckets were missing: %v", o.err)
-		case <-time.After(20 * time.Millisecond):
+		default:
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no second try logged:\n%s", logs.String())
+		if strings.Count(logs.String(), "open object stores failed, retrying") < 2 {
+			return fmt.Errorf("logged:\n%s", logs.String())
 		}
-	}
+		return nil
+	})
 	for _, b := range []string{events.ReplBlobBucket, events.ReplManifestBucket} {
 		if _, err := admin.CreateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: b}); err != nil {
 			t.Fatalf("provision %s: %v", b, err)
