@@ -3,6 +3,7 @@ package statuspage
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"sort"
 	"strings"
@@ -182,14 +183,19 @@ type hub struct {
 	// hist is what the page's charts draw (history.go).
 	hist *history
 
-	mu      sync.Mutex
-	ring    []message // the timeline, oldest first, at most cfg.TimelineMax
-	status  map[string]events.GroupStatus
-	plans   map[string]events.SchedulePlan
-	holds   map[string]events.LeadersHoldRecord
-	snap    *message
-	clients map[*client]struct{}
-	stopped bool
+	mu     sync.Mutex
+	ring   []message // the timeline, oldest first, at most cfg.TimelineMax
+	status map[string]events.GroupStatus
+	plans  map[string]events.SchedulePlan
+	holds  map[string]events.LeadersHoldRecord
+	// statusHeard is set once the state bucket's watch has delivered a
+	// group status: until then an empty status map means "not read yet",
+	// not "no arbiter has written one" (the watch's consumer waits for the
+	// NATS meta leader, which may be moving while the page starts).
+	statusHeard bool
+	snap        *message
+	clients     map[*client]struct{}
+	stopped     bool
 }
 
 func newHub(b *bus.Bus, cluster string, cfg Config, log *slog.Logger) *hub {
@@ -307,6 +313,7 @@ func (h *hub) onKey(key string, value []byte, deleted bool, _ uint64) {
 	h.mu.Lock()
 	switch {
 	case strings.HasPrefix(key, events.StateKeyPrefix+"."):
+		h.statusHeard = true
 		var g events.GroupStatus
 		if deleted || json.Unmarshal(value, &g) != nil {
 			delete(h.status, key)
@@ -373,13 +380,23 @@ func (h *hub) publishSnapshot(ctx context.Context) []byte {
 		holds = append(holds, view.Keyed[events.LeadersHoldRecord]{Key: k, Value: r})
 	}
 	sort.Slice(holds, func(i, j int) bool { return holds[i].Key < holds[j].Key })
+	heard := h.statusHeard
 	h.mu.Unlock()
 
 	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
+	var readErr error
+	if len(records) == 0 && !heard {
+		// The watch has not caught up: read the records as fanctl status
+		// does rather than tell the operator no arbiter is leading.
+		records, readErr = view.Records[events.GroupStatus](rctx, h.b, view.StatusFilter(h.cluster))
+	}
 	snap := buildSnapshot(rctx, h.b, records, plans, holds, time.Now())
 	snap.TimelineMax = h.cfg.TimelineMax
-	if len(records) == 0 {
+	switch {
+	case readErr != nil:
+		snap.Error = fmt.Sprintf("the group status is not read yet: %v", readErr)
+	case len(records) == 0:
 		snap.Error = "no group status yet (is an arbiter leading?)"
 	}
 	data, err := json.Marshal(snap)
