@@ -19,6 +19,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -74,26 +75,29 @@ func (c *Client) Close() { c.p.Close() }
 // several consecutive answers from it so a transient state is not taken
 // for the holder.
 func (c *Client) Holder(ctx context.Context, within time.Duration) (string, error) {
-	deadline := time.Now().Add(within)
 	last, streak := "", 0
-	for time.Now().Before(deadline) && ctx.Err() == nil {
+	err := waittest.Poll(ctx, within, "a stable holder on the floating IP", func() error {
 		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		r, err := c.p.Ping(pctx)
 		cancel()
 		switch {
 		case err != nil:
 			streak = 0
+			return fmt.Errorf("%w (the last answer from %q)", err, last)
 		case r.ServerNode == last:
 			streak++
 		default:
 			last, streak = r.ServerNode, 1
 		}
-		if streak >= 5 {
-			return last, nil
+		if streak < 5 {
+			return fmt.Errorf("%q answered %d times in a row", last, streak)
 		}
-		time.Sleep(20 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		return "", err
 	}
-	return "", fmt.Errorf("no stable holder on the floating IP within %v (last %q)", within, last)
+	return last, nil
 }
 
 // FirstAnswerFrom probes every 10 ms (overlapping probes, so a lost one
@@ -184,26 +188,26 @@ func Run(ctx context.Context, sys System, c *Client, s Scenario, cycles int, pro
 		if err := sys.Restore(ctx, s, holder); err != nil {
 			return out, fmt.Errorf("%s %s cycle %d: restore: %w", sys.Name(), s, i, err)
 		}
-		if err := waitFor(ctx, 60*time.Second, func() bool { return sys.Ready(ctx, holder) }); err != nil {
-			return out, fmt.Errorf("%s %s cycle %d: %s not ready after restore: %w", sys.Name(), s, i, holder, err)
+		if err := waitReady(ctx, sys, holder, 60*time.Second); err != nil {
+			return out, fmt.Errorf("%s %s cycle %d: after restore: %w", sys.Name(), s, i, err)
 		}
 	}
 	return out, nil
 }
 
-func waitFor(ctx context.Context, within time.Duration, cond func() bool) error {
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return errors.New("timed out")
+// errNotReady is the last word of a wait for System.Ready, which says no
+// more than that.
+var errNotReady = errors.New("not ready")
+
+// waitReady waits until sys calls node a ready standby. Each look asks
+// every node's namespace (and fan's bus), hence a tenth of a second apart.
+func waitReady(ctx context.Context, sys System, node string, within time.Duration) error {
+	return waittest.PollEvery(ctx, 100*time.Millisecond, within, node+" ready as a standby", func() error {
+		if !sys.Ready(ctx, node) {
+			return errNotReady
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-	return nil
+		return nil
+	})
 }
 
 // Percentile is the nearest-rank percentile (p in 0..100) in milliseconds.

@@ -13,6 +13,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/phone"
 	"github.com/fanpbx/fan/lab/stack"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Calls is the scenario of calls in progress when the holder's PBX dies
@@ -170,8 +171,8 @@ func RunCalls(ctx context.Context, sys System, l *netlab.Lab, pairs []CallPair, 
 		if err := sys.Restore(ctx, Calls, cy.From); err != nil {
 			return out, fmt.Errorf("%s calls cycle %d: restore: %w", sys.Name(), i, err)
 		}
-		if err := waitFor(ctx, 90*time.Second, func() bool { return sys.Ready(ctx, cy.From) }); err != nil {
-			return out, fmt.Errorf("%s calls cycle %d: %s not ready after restore: %w", sys.Name(), i, cy.From, err)
+		if err := waitReady(ctx, sys, cy.From, 90*time.Second); err != nil {
+			return out, fmt.Errorf("%s calls cycle %d: after restore: %w", sys.Name(), i, err)
 		}
 	}
 	return out, nil
@@ -181,13 +182,18 @@ func RunCalls(ctx context.Context, sys System, l *netlab.Lab, pairs []CallPair, 
 // floating address and returns it.
 func soleHolder(ctx context.Context, l *netlab.Lab, not string, within time.Duration) (string, error) {
 	var h []string
-	err := waitFor(ctx, within, func() bool {
+	err := waittest.PollEvery(ctx, 100*time.Millisecond, within, fmt.Sprintf("a sole holder other than %q", not), func() error {
 		var err error
-		h, err = AddressHolders(ctx, l)
-		return err == nil && len(h) == 1 && h[0] != not
+		if h, err = AddressHolders(ctx, l); err != nil {
+			return err
+		}
+		if len(h) != 1 || h[0] == not {
+			return fmt.Errorf("holders %v", h)
+		}
+		return nil
 	})
 	if err != nil {
-		return "", fmt.Errorf("no sole holder other than %q within %v (holders %v): %w", not, within, h, err)
+		return "", err
 	}
 	return h[0], nil
 }

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -405,19 +407,16 @@ func (f *Fan) settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	deadline := time.Now().Add(60 * time.Second)
-	for {
+	return waittest.PollEvery(ctx, 100*time.Millisecond, 60*time.Second, "raft groups settled before the crash", func() error {
 		gs, err := leaders.List(ctx, js)
-		if err == nil && leaders.Settled(gs) && (f.ForceLeaders || len(f.LeadersOn) == 0 || len(leaders.Off(gs, f.LeadersOn...)) == 0) {
-			return nil
+		switch {
+		case err != nil:
+			return fmt.Errorf("%s: %w", leaders.Describe(gs), err)
+		case !leaders.Settled(gs):
+			return errors.New(leaders.Describe(gs))
+		case !f.ForceLeaders && len(f.LeadersOn) > 0 && len(leaders.Off(gs, f.LeadersOn...)) > 0:
+			return fmt.Errorf("%s: leaders off %v", leaders.Describe(gs), f.LeadersOn)
 		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("raft groups not settled before the crash: %s (%v)", leaders.Describe(gs), err)
-		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return nil
+	})
 }

@@ -85,12 +85,8 @@ func Trail(ctx context.Context, f *Fan, c *Client, nodes int, steady time.Durati
 		if n.Name == holder {
 			continue
 		}
-		deadline := time.Now().Add(60 * time.Second)
-		for !f.Ready(ctx, n.Name) {
-			if time.Now().After(deadline) || ctx.Err() != nil {
-				return r, fmt.Errorf("%s not a healthy standby within 60 s", n.Name)
-			}
-			time.Sleep(200 * time.Millisecond)
+		if err := waitReady(ctx, f, n.Name, 60*time.Second); err != nil {
+			return r, err
 		}
 	}
 	before, err := f.sizes(ctx)

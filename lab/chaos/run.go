@@ -15,6 +15,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -480,18 +481,18 @@ func (r *runner) heal(ctx context.Context, in Injected) error {
 // and heard, exactly that node carries the address, and the client gets
 // answers from it.
 func (r *runner) waitSettled(ctx context.Context, within time.Duration) bool {
-	deadline := time.Now().Add(within)
 	why := ""
-	for time.Now().Before(deadline) {
-		if why = r.unsettled(ctx); why == "" {
-			return true
+	// Each look asks the bus, every namespace and the client.
+	err := waittest.PollEvery(ctx, 250*time.Millisecond, within, "settled", func() error {
+		if why = r.unsettled(ctx); why != "" {
+			return errors.New(why)
 		}
-		if !sleepCtx(ctx, 250*time.Millisecond) {
-			return false
-		}
+		return nil
+	})
+	if err != nil && ctx.Err() == nil {
+		r.printf("%s  unsettled: %s", r.rel(time.Now()), why)
 	}
-	r.printf("%s  unsettled: %s", r.rel(time.Now()), why)
-	return false
+	return err == nil
 }
 
 func (r *runner) unsettled(ctx context.Context) string {

@@ -9,6 +9,7 @@ package peer
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -21,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // maxOutput bounds the output kept per program.
@@ -150,12 +153,16 @@ func (p *Proc) Signal(t testing.TB, sig syscall.Signal) {
 		return
 	}
 	want := sig == syscall.SIGSTOP
-	deadline := time.Now().Add(5 * time.Second)
-	for groupStopped(pgid) != want {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: process group %d: stopped=%v not reached", p.Name, pgid, want)
-		}
-		time.Sleep(5 * time.Millisecond)
+	// Finer than waittest's default: a stop takes effect within a few
+	// milliseconds, and tests freeze and thaw peers many times.
+	if err := waittest.PollEvery(context.Background(), 5*time.Millisecond, 5*time.Second,
+		fmt.Sprintf("%s: process group %d stopped=%v", p.Name, pgid, want), func() error {
+			if groupStopped(pgid) != want {
+				return errors.New("some thread not in that state yet")
+			}
+			return nil
+		}); err != nil {
+		t.Fatalf("%v", err)
 	}
 }
 

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // procs are the processes the benchmark started, each in a process group
@@ -69,18 +71,13 @@ func (ps *procs) killAll() {
 
 // waitTCP waits until something accepts connections on addr.
 func waitTCP(ctx context.Context, addr string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
+	return waittest.Poll(ctx, within, addr+" accepting connections", func() error {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()
-			return nil
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s not accepting connections after %s: %w", addr, within, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return err
+	})
 }
 
 // pbxNode is one PBX: the stand-in, or a real Asterisk 22.

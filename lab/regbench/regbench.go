@@ -41,6 +41,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/procstat"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -289,16 +290,11 @@ func (b *bench) startAll(ctx context.Context) error {
 		return err
 	}
 	// The replicators provision the state bucket as they start.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
+	if err := waittest.Poll(ctx, 30*time.Second, "the state bucket (replicator logs in "+o.Dir+")", func() error {
 		b.kv, err = js.KeyValue(ctx, events.StateBucket)
-		if err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("state bucket: %w (replicator logs in %s)", err, o.Dir)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return err
+	}); err != nil {
+		return err
 	}
 	return b.setHolder(ctx, "n1", 1)
 }
@@ -311,20 +307,21 @@ func (b *bench) setHolder(ctx context.Context, holder string, epoch uint64) erro
 
 // waitCount waits until the standby holds n contacts.
 func (b *bench) waitCount(ctx context.Context, std *amiPool, n int, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	got := 0
-	for time.Now().Before(deadline) && ctx.Err() == nil {
-		_ = std.with(func(c *amiConn) error {
+	// Each look dumps the standby's whole registrar over AMI.
+	return waittest.PollEvery(ctx, 100*time.Millisecond, within, fmt.Sprintf("the standby holding %d contacts", n), func() error {
+		got := 0
+		if err := std.with(func(c *amiConn) error {
 			t, err := c.tree("registrar")
 			got = len(t)
 			return err
-		})
-		if got == n {
-			return nil
+		}); err != nil {
+			return err
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	return fmt.Errorf("the standby holds %d contacts, want %d", got, n)
+		if got != n {
+			return fmt.Errorf("it holds %d", got)
+		}
+		return nil
+	})
 }
 
 // measureCosts samples the processes' CPU and memory over the window.
@@ -561,32 +558,29 @@ func (b *bench) measureChurn(ctx context.Context, std, hold *amiPool) error {
 	}
 	_ = run.wait(ctx)
 	// The standby matches the holder once none of them is left on it.
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		left := -1
-		_ = std.with(func(c *amiConn) error {
+	// When it does is the figure, hence looks 10 ms apart.
+	if err := waittest.PollEvery(ctx, 10*time.Millisecond, 60*time.Second, "churn: the unregistered phones gone from the standby", func() error {
+		return std.with(func(c *amiConn) error {
 			t, err := c.tree("registrar")
 			if err != nil {
 				return err
 			}
-			left = 0
+			left := 0
 			for _, p := range gone {
 				if _, ok := t[p.key()]; ok {
 					left++
 				}
 			}
+			if left > 0 {
+				return fmt.Errorf("%d of %d still on it", left, len(gone))
+			}
 			return nil
 		})
-		if left == 0 {
-			b.figure("mass_unregister_standby_ms", round1(float64(time.Since(last).Microseconds())/1000))
-			break
-		}
-		if time.Now().After(deadline) {
-			b.figure("mass_unregister_standby_ms", "never")
-			b.say("churn: %d unregistered phones still on the standby after 60 s", left)
-			break
-		}
-		time.Sleep(10 * time.Millisecond)
+	}); err != nil {
+		b.figure("mass_unregister_standby_ms", "never")
+		b.say("%v", err)
+	} else {
+		b.figure("mass_unregister_standby_ms", round1(float64(time.Since(last).Microseconds())/1000))
 	}
 	back, err := runSIPp(b.o.Dir, "churn-moved", b.n1.sipAddr(), sippPorts+5, b.moved, b.o.Expires, float64(len(b.moved)), len(b.moved))
 	if err != nil {
@@ -665,10 +659,10 @@ func (b *bench) measureFailover(ctx context.Context, std, hold *amiPool) error {
 	}
 	close(work)
 	wg.Wait()
-	deadline := time.Now().Add(30 * time.Second)
+	// Some never reached is the share below, not a failure.
 	var reached int
 	var lastAt time.Time
-	for {
+	_ = waittest.Poll(ctx, 30*time.Second, "every phone reached", func() error {
 		reached, lastAt = 0, time.Time{}
 		for _, p := range want {
 			if t, ok := b.ears.reachedAt(p.port); ok {
@@ -678,11 +672,11 @@ func (b *bench) measureFailover(ctx context.Context, std, hold *amiPool) error {
 				}
 			}
 		}
-		if reached == len(want) || time.Now().After(deadline) {
-			break
+		if reached < len(want) {
+			return fmt.Errorf("%d of %d", reached, len(want))
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
 	share := 0.0
 	if len(want) > 0 {
 		share = float64(reached) / float64(len(want))

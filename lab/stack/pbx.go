@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/netlab"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // The PBX a lab node runs. By default Kamailio answers SIP on the
@@ -374,17 +375,16 @@ func (s *Stack) AddressHolders(ctx context.Context) ([]string, error) {
 // WaitHolder waits until node alone holds the floating address and its
 // PBX answers AMI.
 func (s *Stack) WaitHolder(ctx context.Context, node string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
+	return waittest.Poll(ctx, within, node+" holding the floating address alone", func() error {
 		h, err := s.AddressHolders(ctx)
-		if err == nil && len(h) == 1 && h[0] == node {
-			return nil
+		if err != nil {
+			return fmt.Errorf("holders: %w", err)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s does not hold the floating address alone within %v (holders %v, %v)", node, within, h, err)
+		if len(h) != 1 || h[0] != node {
+			return fmt.Errorf("holders %v", h)
 		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return nil
+	})
 }
 
 // PBXChannels asks node's PBX over AMI how many channels and calls it has

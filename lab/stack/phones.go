@@ -8,6 +8,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/phone"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Phones of the lab: lab/phone user agents on client hosts (the lab's
@@ -56,20 +57,11 @@ func NewPhone(l *netlab.Lab, host string, e Endpoint, port uint16, tune func(*ph
 // RegisterPhone registers p, trying again until the holder's PBX answers
 // or within passes (a PBX that has just started answers late).
 func RegisterPhone(ctx context.Context, p *phone.Phone, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
+	// Every phone of a run asks at once; a fifth of a second apart keeps
+	// their retries from flooding a PBX that is starting.
+	return waittest.PollEvery(ctx, 200*time.Millisecond, within, "register "+p.User(), func() error {
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		err := p.Register(rctx)
-		cancel()
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("register %s: %w", p.User(), err)
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(200 * time.Millisecond):
-		}
-	}
+		defer cancel()
+		return p.Register(rctx)
+	})
 }

@@ -29,6 +29,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/kamailio"
 	"github.com/fanpbx/fan/lab/netlab"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -234,31 +235,19 @@ func (p *Pool) startKamailio(ctx context.Context, host, name, cfg string) error 
 	if host == PoolProxy {
 		return waitTCPOn(ctx, p.Lab, host, fmt.Sprintf("127.0.0.1:%d", poolRPC), 10*time.Second)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		var err error
-		if derr := p.Lab.Do(host, func() error {
-			pg, perr := sipoptions.NewPinger(netip.AddrPortFrom(poolAddr(host), 5060).String())
-			if perr != nil {
-				err = perr
-				return nil
+	return waittest.Poll(ctx, 10*time.Second, "kamailio on "+host+" answering OPTIONS", func() error {
+		return p.Lab.Do(host, func() error {
+			pg, err := sipoptions.NewPinger(netip.AddrPortFrom(poolAddr(host), 5060).String())
+			if err != nil {
+				return err
 			}
 			defer pg.Close()
 			pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
 			defer cancel()
 			_, err = pg.Ping(pctx)
-			return nil
-		}); derr != nil {
-			return derr
-		}
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("kamailio on %s does not answer OPTIONS: %w", host, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+			return err
+		})
+	})
 }
 
 // secrets writes the heartbeat endpoint's tokens (the shared one, which

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // PoolPhase is one stretch of the pool scenario and the calls each node
@@ -308,22 +309,22 @@ func presence(node string, p events.Presence) func(Event) bool {
 
 // firstCall waits for the first call node received after since.
 func firstCall(ctx context.Context, p *Pool, node string, since time.Time, within time.Duration) (time.Time, error) {
-	deadline := time.Now().Add(within)
-	for {
+	var at time.Time
+	// Each look reads every PBX's log.
+	err := waittest.PollEvery(ctx, 100*time.Millisecond, within, "a call reaching "+node+" after "+since.Format(time.TimeOnly), func() error {
 		calls, err := p.Calls()
 		if err != nil {
-			return time.Time{}, err
+			return err
 		}
 		for _, c := range calls {
 			if c.Node == node && c.At.After(since) {
-				return c.At, nil
+				at = c.At
+				return nil
 			}
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return time.Time{}, fmt.Errorf("no call reached %s after %v", node, since.Format(time.TimeOnly))
-		}
-		sleepCtx(ctx, 100*time.Millisecond)
-	}
+		return fmt.Errorf("%d calls, none there", len(calls))
+	})
+	return at, err
 }
 
 // PoolEventLine renders the events the pool scenario tells: presence

@@ -25,6 +25,7 @@ import (
 	"github.com/fanpbx/fan/lab/bindtest"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // The sites lab: one DNS name moved between two sites, the shape of
@@ -287,30 +288,19 @@ func (s *Sites) startDNS(ctx context.Context) error {
 
 // waitDNS waits until server, asked from host, answers name.
 func (s *Sites) waitDNS(ctx context.Context, host, server, name string, qtype uint16, rd bool) error {
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		var err error
-		if derr := s.WAN.Do(host, func() error {
+	what := fmt.Sprintf("%s %s at %s, asked from %s", name, dns.TypeToString[qtype], server, host)
+	return waittest.Poll(ctx, 20*time.Second, what, func() error {
+		return s.WAN.Do(host, func() error {
 			m := new(dns.Msg)
 			m.SetQuestion(dns.Fqdn(name), qtype)
 			m.RecursionDesired = rd
-			var r *dns.Msg
-			r, _, err = (&dns.Client{Net: "udp", Timeout: 500 * time.Millisecond}).Exchange(m, server)
+			r, _, err := (&dns.Client{Net: "udp", Timeout: 500 * time.Millisecond}).Exchange(m, server)
 			if err == nil && (r.Rcode != dns.RcodeSuccess || len(r.Answer) == 0) {
 				err = fmt.Errorf("rcode %s, %d answers", dns.RcodeToString[r.Rcode], len(r.Answer))
 			}
-			return nil
-		}); derr != nil {
-			return derr
-		}
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s %s at %s: %w", name, dns.TypeToString[qtype], server, err)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+			return err
+		})
+	})
 }
 
 // sitesOperator is the lab's operator, whose fanctl follows the trail.

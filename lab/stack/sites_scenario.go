@@ -2,6 +2,7 @@ package stack
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // Reporter receives a scenario's timeline: lines stamped with when they
@@ -164,7 +166,7 @@ func RunSitesScenario(ctx context.Context, s *Sites, r Reporter) (rep SitesRepor
 	}); err != nil {
 		return rep, err
 	}
-	if _, err := client.waitFor(ctx, 30*time.Second, sites[0].webIP, time.Time{}); err != nil {
+	if _, err := client.answered(ctx, 30*time.Second, sites[0].webIP, time.Time{}); err != nil {
 		return rep, fmt.Errorf("the client never resolved site A: %w", err)
 	}
 	sleepCtx(ctx, time.Second)
@@ -186,7 +188,7 @@ func RunSitesScenario(ctx context.Context, s *Sites, r Reporter) (rep SitesRepor
 		return rep, err
 	}
 	rep.FailoverResult = re.Payload.(*events.CommandResult)
-	on, err := client.waitFor(ctx, rep.CheckBudget+rep.TTL+30*time.Second, sites[1].webIP, rep.FaultAt)
+	on, err := client.answered(ctx, rep.CheckBudget+rep.TTL+30*time.Second, sites[1].webIP, rep.FaultAt)
 	if err != nil {
 		return rep, fmt.Errorf("the client never resolved site B: %w", err)
 	}
@@ -203,15 +205,23 @@ func RunSitesScenario(ctx context.Context, s *Sites, r Reporter) (rep SitesRepor
 	}
 	var watchA sync.WaitGroup
 	watchA.Go(func() {
-		deadline := time.Now().Add(rep.Resync + 20*time.Second)
-		for ctx.Err() == nil && time.Now().Before(deadline) {
-			if ip, serial, err := s.ServerServes(SiteA, 300*time.Millisecond); err == nil && ip == sites[1].webIP {
-				rep.AServesB = time.Now()
-				r.Line(rep.AServesB, "lab", fmt.Sprintf("site A's DNS server, asked directly from the witness, serves %s (site B) at serial %d, %v after the uplink came back",
-					ip, serial, rep.AServesB.Sub(rep.RestoreAt).Round(time.Millisecond)))
-				return
+		// Not finding it is no failure of its own: the realignment's
+		// event below is what the scenario requires.
+		var serial uint32
+		if waittest.Poll(ctx, rep.Resync+20*time.Second, "site A's DNS server serving site B", func() error {
+			ip, sn, err := s.ServerServes(SiteA, 300*time.Millisecond)
+			if err != nil {
+				return err
 			}
-			sleepCtx(ctx, 50*time.Millisecond)
+			if ip != sites[1].webIP {
+				return fmt.Errorf("it serves %s", ip)
+			}
+			serial = sn
+			return nil
+		}) == nil {
+			rep.AServesB = time.Now()
+			r.Line(rep.AServesB, "lab", fmt.Sprintf("site A's DNS server, asked directly from the witness, serves %s (site B) at serial %d, %v after the uplink came back",
+				sites[1].webIP, serial, rep.AServesB.Sub(rep.RestoreAt).Round(time.Millisecond)))
 		}
 	})
 	ce, _, err := tr.wait(ctx, rep.Resync+20*time.Second, "site A's DNS server brought in line", from, func(e Event) bool {
@@ -257,7 +267,7 @@ func RunSitesScenario(ctx context.Context, s *Sites, r Reporter) (rep SitesRepor
 		return rep, err
 	}
 	rep.FailbackResult = bre.Payload.(*events.CommandResult)
-	on, err = client.waitFor(ctx, rep.TTL+30*time.Second, sites[0].webIP, rep.WindowAt)
+	on, err = client.answered(ctx, rep.TTL+30*time.Second, sites[0].webIP, rep.WindowAt)
 	if err != nil {
 		return rep, fmt.Errorf("the client never resolved site A again: %w", err)
 	}
@@ -278,7 +288,6 @@ func sleepCtx(ctx context.Context, d time.Duration) {
 type clientWatch struct {
 	mu      sync.Mutex
 	answers []clientAnswer
-	changed chan struct{}
 }
 
 type clientAnswer struct {
@@ -287,9 +296,6 @@ type clientAnswer struct {
 }
 
 func (c *clientWatch) run(ctx context.Context, s *Sites, r Reporter) {
-	c.mu.Lock()
-	c.changed = make(chan struct{})
-	c.mu.Unlock()
 	last := ""
 	t := time.NewTicker(100 * time.Millisecond)
 	defer t.Stop()
@@ -301,8 +307,6 @@ func (c *clientWatch) run(ctx context.Context, s *Sites, r Reporter) {
 			now = fmt.Sprintf("%s A %s (%s)", SitesName, addr, orNone(SiteOfAddr(addr)))
 			c.mu.Lock()
 			c.answers = append(c.answers, clientAnswer{at, addr})
-			close(c.changed)
-			c.changed = make(chan struct{})
 			c.mu.Unlock()
 		}
 		if now != last {
@@ -320,30 +324,27 @@ func (c *clientWatch) run(ctx context.Context, s *Sites, r Reporter) {
 	}
 }
 
-// waitFor returns when the client first got addr after since.
-func (c *clientWatch) waitFor(ctx context.Context, within time.Duration, addr netip.Addr, since time.Time) (time.Time, error) {
-	ctx, cancel := context.WithTimeout(ctx, within)
-	defer cancel()
-	for {
+// answered waits until the client got addr after since, and returns when
+// it got it (the answer's own time, not when this noticed it).
+func (c *clientWatch) answered(ctx context.Context, within time.Duration, addr netip.Addr, since time.Time) (time.Time, error) {
+	var at time.Time
+	err := waittest.Poll(ctx, within, "the client's resolver answering "+addr.String(), func() error {
 		c.mu.Lock()
-		for _, a := range c.answers {
+		defer c.mu.Unlock()
+		var last *clientAnswer
+		for i, a := range c.answers {
 			if a.addr == addr && a.at.After(since) {
-				c.mu.Unlock()
-				return a.at, nil
+				at = a.at
+				return nil
 			}
+			last = &c.answers[i]
 		}
-		ch := c.changed
-		c.mu.Unlock()
-		if ch == nil {
-			ch = make(chan struct{})
+		if last == nil {
+			return errors.New("no answer yet")
 		}
-		select {
-		case <-ctx.Done():
-			return time.Time{}, fmt.Errorf("no answer %s: %w", addr, ctx.Err())
-		case <-ch:
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
+		return fmt.Errorf("its last answer %s at %s", last.addr, last.at.Format("15:04:05.000"))
+	})
+	return at, err
 }
 
 func orNone(s string) string {

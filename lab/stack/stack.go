@@ -28,6 +28,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/pkg/events"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -521,23 +522,15 @@ func (s *Stack) waitTCPWithin(ctx context.Context, host, addr string, within tim
 
 // waitTCPOn waits until something on host of l accepts connections on addr.
 func waitTCPOn(ctx context.Context, l *netlab.Lab, host, addr string, within time.Duration) error {
-	deadline := time.Now().Add(within)
-	for {
-		err := l.Do(host, func() error {
+	return waittest.Poll(ctx, within, addr+" on "+host+" accepting connections", func() error {
+		return l.Do(host, func() error {
 			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 			if err == nil {
 				c.Close()
 			}
 			return err
 		})
-		if err == nil {
-			return nil
-		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return fmt.Errorf("%s on %s: %w", addr, host, err)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	})
 }
 
 func (s *Stack) writeConfig(host, svc string, data map[string]any) (string, error) {

@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // errNotRunning is returned when systemd in the container never reached a
@@ -89,27 +91,28 @@ func Start(ctx context.Context, image string, o Options) (*Box, error) {
 // system is accepted with the failed units in the returned report (the
 // caller prints it): the container lacks some of a real host's units.
 func (b *Box) WaitRunning(ctx context.Context) (string, error) {
-	deadline := time.Now().Add(90 * time.Second)
-	var state string
-	for time.Now().Before(deadline) {
+	var report string
+	// Each look is a docker exec.
+	err := waittest.PollEvery(ctx, 250*time.Millisecond, 90*time.Second, "systemd running in "+b.Name, func() error {
 		// is-system-running exits non-zero for anything but running, and
 		// prints the state either way.
 		out, _ := b.Output(ctx, "systemctl is-system-running")
-		state = strings.TrimSpace(out)
-		switch state {
+		switch state := strings.TrimSpace(out); state {
 		case "running":
-			return "running", nil
+			report = "running"
 		case "degraded":
 			failed, _ := b.Output(ctx, "systemctl --failed --no-legend --plain; journalctl -b -p err --no-pager -q | tail -20")
-			return "degraded: " + strings.TrimSpace(failed), nil
+			report = "degraded: " + strings.TrimSpace(failed)
+		default:
+			return fmt.Errorf("state %q", state)
 		}
-		if ctx.Err() != nil {
-			break
-		}
-		time.Sleep(250 * time.Millisecond)
+		return nil
+	})
+	if err != nil {
+		jobs, _ := b.Output(ctx, "systemctl list-jobs --no-pager; systemctl --failed --no-pager")
+		return "", fmt.Errorf("%w: %w:\n%s", errNotRunning, err, jobs)
 	}
-	jobs, _ := b.Output(ctx, "systemctl list-jobs --no-pager; systemctl --failed --no-pager")
-	return "", fmt.Errorf("%w: %q after 90 s:\n%s", errNotRunning, state, jobs)
+	return report, nil
 }
 
 // Remove force-removes the container (its anonymous volumes too).

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/prereq"
+	"github.com/fanpbx/fan/pkg/platform/waittest"
 )
 
 // PackageForTest returns the fan package a test installs: FAN_DEB, which
@@ -135,20 +137,18 @@ func (b *Box) Show(ctx context.Context, unit string, props ...string) (map[strin
 	return m, nil
 }
 
-// WaitFor calls cond every 100 ms until it reports done or the timeout
-// passes; the error carries the last state cond described.
+// WaitFor calls cond every 100 ms (a condition here is usually a docker exec) until it
+// reports done, the timeout passes or ctx ends; it returns the last state
+// cond described and whether it was done.
 func WaitFor(ctx context.Context, timeout time.Duration, cond func() (bool, string)) (string, bool) {
-	deadline := time.Now().Add(timeout)
 	var last string
-	for {
+	err := waittest.PollEvery(ctx, 100*time.Millisecond, timeout, "the condition", func() error {
 		done, state := cond()
 		last = state
-		if done {
-			return last, true
+		if !done {
+			return errors.New(state)
 		}
-		if time.Now().After(deadline) || ctx.Err() != nil {
-			return last, false
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return last, err == nil
 }
