@@ -290,23 +290,12 @@ func (w *source) publishDelta(ctx context.Context, start, changedAt time.Time, c
 	if w.e.serve != nil {
 		w.e.serve.Add(w.t.Name, w.sc.OpenFile, changed)
 	}
-	if err := w.e.confirmHolder(ctx, epoch); err != nil {
-		if ctx.Err() != nil {
-			return true
-		}
-		if !errors.Is(err, errNotHolder) {
-			w.log.Warn("cannot confirm this node still holds; not publishing", "epoch", epoch, "err", err)
-			w.e.m.passes.WithLabelValues(w.t.Name, "source", "unconfirmed").Inc()
-			w.unconfirmed(CondHolderUnconfirmed, err)
-			return fail()
-		}
-		w.confirmedStatus(CondHolderUnconfirmed)
-		w.log.Warn("not publishing", "err", err)
-		w.e.m.passes.WithLabelValues(w.t.Name, "source", "not_holder").Inc()
-		nudge(w.roleCh)
+	switch w.confirmBeforePublish(ctx, epoch) {
+	case publishRetry:
+		return fail()
+	case publishStop:
 		return true
 	}
-	w.confirmedStatus(CondHolderUnconfirmed)
 	gen := max(uint64(time.Now().UnixNano()), w.lastGen+1)
 	d := &fstree.Delta{
 		Cluster: w.e.cfg.Cluster, Group: w.e.cfg.Group, Tree: w.t.Name, Node: w.e.cfg.Node,

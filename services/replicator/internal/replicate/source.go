@@ -334,27 +334,14 @@ func (w *source) pass(ctx context.Context, force bool) bool {
 		w.changedAt = changedAt
 		return false
 	}
-	if err := w.e.confirmHolder(ctx, epoch); err != nil {
-		if ctx.Err() != nil {
-			return true
-		}
-		if !errors.Is(err, errNotHolder) {
-			// Not known to have lost the role, only unable to tell: keep
-			// the change pending and retry.
-			w.log.Warn("cannot confirm this node still holds; not publishing", "epoch", epoch, "err", err)
-			w.e.m.passes.WithLabelValues(w.t.Name, "source", "unconfirmed").Inc()
-			w.dirty = true
-			w.changedAt = changedAt
-			w.unconfirmed(CondHolderUnconfirmed, err)
-			return false
-		}
-		w.confirmedStatus(CondHolderUnconfirmed)
-		w.log.Warn("not publishing", "err", err)
-		w.e.m.passes.WithLabelValues(w.t.Name, "source", "not_holder").Inc()
-		nudge(w.roleCh)
+	switch w.confirmBeforePublish(ctx, epoch) {
+	case publishRetry:
+		w.dirty = true
+		w.changedAt = changedAt
+		return false
+	case publishStop:
 		return true
 	}
-	w.confirmedStatus(CondHolderUnconfirmed)
 	gen := max(uint64(time.Now().UnixNano()), w.lastGen+1)
 	m := &fstree.Manifest{
 		Cluster: w.e.cfg.Cluster, Group: w.e.cfg.Group, Tree: w.t.Name, Node: w.e.cfg.Node,
@@ -526,6 +513,41 @@ func (w *source) progressWhileScanning(ctx context.Context, epoch uint64, start,
 	return func() {
 		close(done)
 		<-finished
+	}
+}
+
+// publishVerdict is what confirming the role before a publish decided.
+type publishVerdict int
+
+const (
+	publishGo    publishVerdict = iota
+	publishRetry                // unable to tell: the change stays pending and is retried
+	publishStop                 // the role is lost, or the pass ends: the role loop takes over
+)
+
+// confirmBeforePublish is the rule every publish of a source (a full
+// manifest or a delta) follows: the group status, read afresh, must still
+// name this node holder at epoch. It logs and counts what held a publish
+// back; a status that cannot be read is not taken for a lost role.
+func (w *source) confirmBeforePublish(ctx context.Context, epoch uint64) publishVerdict {
+	err := w.e.confirmHolder(ctx, epoch)
+	switch {
+	case err == nil:
+		w.confirmedStatus(CondHolderUnconfirmed)
+		return publishGo
+	case ctx.Err() != nil:
+		return publishStop
+	case !errors.Is(err, errNotHolder):
+		w.log.Warn("cannot confirm this node still holds; not publishing", "epoch", epoch, "err", err)
+		w.e.m.passes.WithLabelValues(w.t.Name, "source", "unconfirmed").Inc()
+		w.unconfirmed(CondHolderUnconfirmed, err)
+		return publishRetry
+	default:
+		w.confirmedStatus(CondHolderUnconfirmed)
+		w.log.Warn("not publishing", "err", err)
+		w.e.m.passes.WithLabelValues(w.t.Name, "source", "not_holder").Inc()
+		nudge(w.roleCh)
+		return publishStop
 	}
 }
 
