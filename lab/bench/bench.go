@@ -19,7 +19,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -76,7 +76,7 @@ func (c *Client) Close() { c.p.Close() }
 // for the holder.
 func (c *Client) Holder(ctx context.Context, within time.Duration) (string, error) {
 	last, streak := "", 0
-	err := waittest.Poll(ctx, within, "a stable holder on the floating IP", func() error {
+	err := poll.Until(ctx, within, "a stable holder on the floating IP", func() error {
 		pctx, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 		r, err := c.p.Ping(pctx)
 		cancel()
@@ -202,7 +202,7 @@ var errNotReady = errors.New("not ready")
 // waitReady waits until sys calls node a ready standby. Each look asks
 // every node's namespace (and fan's bus), hence a tenth of a second apart.
 func waitReady(ctx context.Context, sys System, node string, within time.Duration) error {
-	return waittest.PollEvery(ctx, 100*time.Millisecond, within, node+" ready as a standby", func() error {
+	return poll.Every(ctx, 100*time.Millisecond, within, node+" ready as a standby", func() error {
 		if !sys.Ready(ctx, node) {
 			return errNotReady
 		}

@@ -13,7 +13,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/phone"
 	"github.com/fanpbx/fan/lab/stack"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // Calls is the scenario of calls in progress when the holder's PBX dies
@@ -182,7 +182,7 @@ func RunCalls(ctx context.Context, sys System, l *netlab.Lab, pairs []CallPair, 
 // floating address and returns it.
 func soleHolder(ctx context.Context, l *netlab.Lab, not string, within time.Duration) (string, error) {
 	var h []string
-	err := waittest.PollEvery(ctx, 100*time.Millisecond, within, fmt.Sprintf("a sole holder other than %q", not), func() error {
+	err := poll.Every(ctx, 100*time.Millisecond, within, fmt.Sprintf("a sole holder other than %q", not), func() error {
 		var err error
 		if h, err = AddressHolders(ctx, l); err != nil {
 			return err

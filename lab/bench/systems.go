@@ -15,7 +15,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -407,7 +407,7 @@ func (f *Fan) settle(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return waittest.PollEvery(ctx, 100*time.Millisecond, 60*time.Second, "raft groups settled before the crash", func() error {
+	return poll.Every(ctx, 100*time.Millisecond, 60*time.Second, "raft groups settled before the crash", func() error {
 		gs, err := leaders.List(ctx, js)
 		switch {
 		case err != nil:

@@ -15,7 +15,7 @@ import (
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/stack"
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -483,7 +483,7 @@ func (r *runner) heal(ctx context.Context, in Injected) error {
 func (r *runner) waitSettled(ctx context.Context, within time.Duration) bool {
 	why := ""
 	// Each look asks the bus, every namespace and the client.
-	err := waittest.PollEvery(ctx, 250*time.Millisecond, within, "settled", func() error {
+	err := poll.Every(ctx, 250*time.Millisecond, within, "settled", func() error {
 		if why = r.unsettled(ctx); why != "" {
 			return errors.New(why)
 		}

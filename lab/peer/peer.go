@@ -23,7 +23,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // maxOutput bounds the output kept per program.
@@ -153,9 +153,9 @@ func (p *Proc) Signal(t testing.TB, sig syscall.Signal) {
 		return
 	}
 	want := sig == syscall.SIGSTOP
-	// Finer than waittest's default: a stop takes effect within a few
+	// Finer than poll.Until's pace: a stop takes effect within a few
 	// milliseconds, and tests freeze and thaw peers many times.
-	if err := waittest.PollEvery(context.Background(), 5*time.Millisecond, 5*time.Second,
+	if err := poll.Every(context.Background(), 5*time.Millisecond, 5*time.Second,
 		fmt.Sprintf("%s: process group %d stopped=%v", p.Name, pgid, want), func() error {
 			if groupStopped(pgid) != want {
 				return errors.New("some thread not in that state yet")

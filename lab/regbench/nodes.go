@@ -13,7 +13,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // procs are the processes the benchmark started, each in a process group
@@ -71,7 +71,7 @@ func (ps *procs) killAll() {
 
 // waitTCP waits until something accepts connections on addr.
 func waitTCP(ctx context.Context, addr string, within time.Duration) error {
-	return waittest.Poll(ctx, within, addr+" accepting connections", func() error {
+	return poll.Until(ctx, within, addr+" accepting connections", func() error {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err == nil {
 			c.Close()

@@ -41,7 +41,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/procstat"
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -290,7 +290,7 @@ func (b *bench) startAll(ctx context.Context) error {
 		return err
 	}
 	// The replicators provision the state bucket as they start.
-	if err := waittest.Poll(ctx, 30*time.Second, "the state bucket (replicator logs in "+o.Dir+")", func() error {
+	if err := poll.Until(ctx, 30*time.Second, "the state bucket (replicator logs in "+o.Dir+")", func() error {
 		b.kv, err = js.KeyValue(ctx, events.StateBucket)
 		return err
 	}); err != nil {
@@ -308,7 +308,7 @@ func (b *bench) setHolder(ctx context.Context, holder string, epoch uint64) erro
 // waitCount waits until the standby holds n contacts.
 func (b *bench) waitCount(ctx context.Context, std *amiPool, n int, within time.Duration) error {
 	// Each look dumps the standby's whole registrar over AMI.
-	return waittest.PollEvery(ctx, 100*time.Millisecond, within, fmt.Sprintf("the standby holding %d contacts", n), func() error {
+	return poll.Every(ctx, 100*time.Millisecond, within, fmt.Sprintf("the standby holding %d contacts", n), func() error {
 		got := 0
 		if err := std.with(func(c *amiConn) error {
 			t, err := c.tree("registrar")
@@ -559,7 +559,7 @@ func (b *bench) measureChurn(ctx context.Context, std, hold *amiPool) error {
 	_ = run.wait(ctx)
 	// The standby matches the holder once none of them is left on it.
 	// When it does is the figure, hence looks 10 ms apart.
-	if err := waittest.PollEvery(ctx, 10*time.Millisecond, 60*time.Second, "churn: the unregistered phones gone from the standby", func() error {
+	if err := poll.Every(ctx, 10*time.Millisecond, 60*time.Second, "churn: the unregistered phones gone from the standby", func() error {
 		return std.with(func(c *amiConn) error {
 			t, err := c.tree("registrar")
 			if err != nil {
@@ -662,7 +662,7 @@ func (b *bench) measureFailover(ctx context.Context, std, hold *amiPool) error {
 	// Some never reached is the share below, not a failure.
 	var reached int
 	var lastAt time.Time
-	_ = waittest.Poll(ctx, 30*time.Second, "every phone reached", func() error {
+	_ = poll.Until(ctx, 30*time.Second, "every phone reached", func() error {
 		reached, lastAt = 0, time.Time{}
 		for _, p := range want {
 			if t, ok := b.ears.reachedAt(p.port); ok {

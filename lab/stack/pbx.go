@@ -15,7 +15,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/netlab"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // The PBX a lab node runs. By default Kamailio answers SIP on the
@@ -375,7 +375,7 @@ func (s *Stack) AddressHolders(ctx context.Context) ([]string, error) {
 // WaitHolder waits until node alone holds the floating address and its
 // PBX answers AMI.
 func (s *Stack) WaitHolder(ctx context.Context, node string, within time.Duration) error {
-	return waittest.Poll(ctx, within, node+" holding the floating address alone", func() error {
+	return poll.Until(ctx, within, node+" holding the floating address alone", func() error {
 		h, err := s.AddressHolders(ctx)
 		if err != nil {
 			return fmt.Errorf("holders: %w", err)

@@ -8,7 +8,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/lab/phone"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // Phones of the lab: lab/phone user agents on client hosts (the lab's
@@ -59,7 +59,7 @@ func NewPhone(l *netlab.Lab, host string, e Endpoint, port uint16, tune func(*ph
 func RegisterPhone(ctx context.Context, p *phone.Phone, within time.Duration) error {
 	// Every phone of a run asks at once; a fifth of a second apart keeps
 	// their retries from flooding a PBX that is starting.
-	return waittest.PollEvery(ctx, 200*time.Millisecond, within, "register "+p.User(), func() error {
+	return poll.Every(ctx, 200*time.Millisecond, within, "register "+p.User(), func() error {
 		rctx, cancel := context.WithTimeout(ctx, 3*time.Second)
 		defer cancel()
 		return p.Register(rctx)

@@ -29,7 +29,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/kamailio"
 	"github.com/fanpbx/fan/lab/netlab"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -235,7 +235,7 @@ func (p *Pool) startKamailio(ctx context.Context, host, name, cfg string) error 
 	if host == PoolProxy {
 		return waitTCPOn(ctx, p.Lab, host, fmt.Sprintf("127.0.0.1:%d", poolRPC), 10*time.Second)
 	}
-	return waittest.Poll(ctx, 10*time.Second, "kamailio on "+host+" answering OPTIONS", func() error {
+	return poll.Until(ctx, 10*time.Second, "kamailio on "+host+" answering OPTIONS", func() error {
 		return p.Lab.Do(host, func() error {
 			pg, err := sipoptions.NewPinger(netip.AddrPortFrom(poolAddr(host), 5060).String())
 			if err != nil {

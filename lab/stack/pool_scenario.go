@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // PoolPhase is one stretch of the pool scenario and the calls each node
@@ -311,7 +311,7 @@ func presence(node string, p events.Presence) func(Event) bool {
 func firstCall(ctx context.Context, p *Pool, node string, since time.Time, within time.Duration) (time.Time, error) {
 	var at time.Time
 	// Each look reads every PBX's log.
-	err := waittest.PollEvery(ctx, 100*time.Millisecond, within, "a call reaching "+node+" after "+since.Format(time.TimeOnly), func() error {
+	err := poll.Every(ctx, 100*time.Millisecond, within, "a call reaching "+node+" after "+since.Format(time.TimeOnly), func() error {
 		calls, err := p.Calls()
 		if err != nil {
 			return err

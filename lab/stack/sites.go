@@ -25,7 +25,7 @@ import (
 	"github.com/fanpbx/fan/lab/bindtest"
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // The sites lab: one DNS name moved between two sites, the shape of
@@ -289,7 +289,7 @@ func (s *Sites) startDNS(ctx context.Context) error {
 // waitDNS waits until server, asked from host, answers name.
 func (s *Sites) waitDNS(ctx context.Context, host, server, name string, qtype uint16, rd bool) error {
 	what := fmt.Sprintf("%s %s at %s, asked from %s", name, dns.TypeToString[qtype], server, host)
-	return waittest.Poll(ctx, 20*time.Second, what, func() error {
+	return poll.Until(ctx, 20*time.Second, what, func() error {
 		return s.WAN.Do(host, func() error {
 			m := new(dns.Msg)
 			m.SetQuestion(dns.Fqdn(name), qtype)

@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // Reporter receives a scenario's timeline: lines stamped with when they
@@ -208,7 +208,7 @@ func RunSitesScenario(ctx context.Context, s *Sites, r Reporter) (rep SitesRepor
 		// Not finding it is no failure of its own: the realignment's
 		// event below is what the scenario requires.
 		var serial uint32
-		if waittest.Poll(ctx, rep.Resync+20*time.Second, "site A's DNS server serving site B", func() error {
+		if poll.Until(ctx, rep.Resync+20*time.Second, "site A's DNS server serving site B", func() error {
 			ip, sn, err := s.ServerServes(SiteA, 300*time.Millisecond)
 			if err != nil {
 				return err
@@ -328,7 +328,7 @@ func (c *clientWatch) run(ctx context.Context, s *Sites, r Reporter) {
 // it got it (the answer's own time, not when this noticed it).
 func (c *clientWatch) answered(ctx context.Context, within time.Duration, addr netip.Addr, since time.Time) (time.Time, error) {
 	var at time.Time
-	err := waittest.Poll(ctx, within, "the client's resolver answering "+addr.String(), func() error {
+	err := poll.Until(ctx, within, "the client's resolver answering "+addr.String(), func() error {
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		var last *clientAnswer

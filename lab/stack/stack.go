@@ -28,7 +28,7 @@ import (
 
 	"github.com/fanpbx/fan/lab/netlab"
 	"github.com/fanpbx/fan/pkg/events"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 	"github.com/fanpbx/fan/pkg/sipoptions"
 )
 
@@ -522,7 +522,7 @@ func (s *Stack) waitTCPWithin(ctx context.Context, host, addr string, within tim
 
 // waitTCPOn waits until something on host of l accepts connections on addr.
 func waitTCPOn(ctx context.Context, l *netlab.Lab, host, addr string, within time.Duration) error {
-	return waittest.Poll(ctx, within, addr+" on "+host+" accepting connections", func() error {
+	return poll.Until(ctx, within, addr+" on "+host+" accepting connections", func() error {
 		return l.Do(host, func() error {
 			c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 			if err == nil {

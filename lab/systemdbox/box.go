@@ -13,7 +13,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // errNotRunning is returned when systemd in the container never reached a
@@ -93,7 +93,7 @@ func Start(ctx context.Context, image string, o Options) (*Box, error) {
 func (b *Box) WaitRunning(ctx context.Context) (string, error) {
 	var report string
 	// Each look is a docker exec.
-	err := waittest.PollEvery(ctx, 250*time.Millisecond, 90*time.Second, "systemd running in "+b.Name, func() error {
+	err := poll.Every(ctx, 250*time.Millisecond, 90*time.Second, "systemd running in "+b.Name, func() error {
 		// is-system-running exits non-zero for anything but running, and
 		// prints the state either way.
 		out, _ := b.Output(ctx, "systemctl is-system-running")

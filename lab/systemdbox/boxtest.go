@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/fanpbx/fan/lab/prereq"
-	"github.com/fanpbx/fan/pkg/platform/waittest"
+	"github.com/fanpbx/fan/pkg/platform/poll"
 )
 
 // PackageForTest returns the fan package a test installs: FAN_DEB, which
@@ -142,7 +142,7 @@ func (b *Box) Show(ctx context.Context, unit string, props ...string) (map[strin
 // cond described and whether it was done.
 func WaitFor(ctx context.Context, timeout time.Duration, cond func() (bool, string)) (string, bool) {
 	var last string
-	err := waittest.PollEvery(ctx, 100*time.Millisecond, timeout, "the condition", func() error {
+	err := poll.Every(ctx, 100*time.Millisecond, timeout, "the condition", func() error {
 		done, state := cond()
 		last = state
 		if !done {
