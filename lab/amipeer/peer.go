@@ -35,8 +35,10 @@ const (
 	// session, like a stopped Asterisk.
 	ModeDead Mode = "dead"
 	// ModeFrozen accepts TCP connections and answers nothing, not even the
-	// banner: a deadlocked Asterisk. Whatever was received is answered once
-	// the peer leaves this mode, as a deadlock that resolves would.
+	// banner: a deadlocked or stopped (SIGSTOP) Asterisk. Every action that
+	// arrives meanwhile is recorded (Actions, WaitAction) but not answered;
+	// all of them are answered in order once the peer leaves this mode, as
+	// a deadlock that resolves would, and none takes effect if it dies.
 	ModeFrozen Mode = "frozen"
 	// ModeFailing answers Command, CoreStatus and Reload with Response: Error.
 	ModeFailing Mode = "failing"
@@ -474,20 +476,26 @@ func (p *Peer) runSession(s *session) {
 	log.Debug("amipeer session opened")
 	defer log.Debug("amipeer session closed")
 
+	// The reader records every action as it arrives, frozen or not, so a
+	// test sees what a client asked a frozen Asterisk: the bytes its kernel
+	// would have buffered. Only the answers wait for a thaw.
+	inbox := make(chan Action, inboxSize)
+	stop := make(chan struct{})
+	readerDone := make(chan struct{})
+	go p.readSession(s, log, inbox, stop, readerDone)
+	defer func() {
+		_ = s.conn.Close()
+		close(stop)
+		<-readerDone
+	}()
+
 	if !p.awaitResponsive() {
 		return
 	}
 	if s.write([]byte(banner), 0) != nil {
 		return
 	}
-	br := bufio.NewReader(s.conn)
-	for {
-		fields, err := readMessage(br)
-		if err != nil {
-			return
-		}
-		a := p.record(s.id, fields)
-		log.Debug("amipeer action", "action", a.Name, "action_id", a.Field("ActionID"))
+	for a := range inbox {
 		if !p.awaitResponsive() {
 			return
 		}
@@ -499,6 +507,32 @@ func (p *Peer) runSession(s *session) {
 			return
 		}
 		if closeAfter {
+			return
+		}
+	}
+}
+
+// inboxSize is how many actions a session holds unanswered before its
+// reader stops reading; past it the client's writes fill the socket's
+// buffers and block, as they would against a frozen Asterisk.
+const inboxSize = 1024
+
+// readSession reads and records a session's actions and hands them to the
+// session in order; it closes inbox when the connection ends.
+func (p *Peer) readSession(s *session, log *slog.Logger, inbox chan<- Action, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	defer close(inbox)
+	br := bufio.NewReader(s.conn)
+	for {
+		fields, err := readMessage(br)
+		if err != nil {
+			return
+		}
+		a := p.record(s.id, fields)
+		log.Debug("amipeer action", "action", a.Name, "action_id", a.Field("ActionID"))
+		select {
+		case inbox <- a:
+		case <-stop:
 			return
 		}
 	}

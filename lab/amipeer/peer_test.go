@@ -295,24 +295,43 @@ func TestFrozenAnswersNothingUntilThawed(t *testing.T) {
 	if err := p.SetMode(ModeFrozen); err != nil {
 		t.Fatal(err)
 	}
-	// A new connection is accepted but gets no banner.
+	// A new connection is accepted but gets no banner; what it sends
+	// arrives all the same.
 	fresh := dialRaw(t, p.Addr())
-	fresh.expectSilence(200 * time.Millisecond)
-	// An existing session's action is received (and recorded) but not answered.
+	fresh.send("Action: Login", "ActionID: f0", "Username: "+testUser, "Secret: "+testSecret, "Events: off")
+	// Every action an existing session sends is received (and recorded),
+	// not only the first, and none is answered.
 	old.send("Action: Ping", "ActionID: f1")
+	old.send("Action: DBPut", "ActionID: f2", "Family: f", "Key: k", "Val: v")
+	old.send("Action: Ping", "ActionID: f3")
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	if _, err := p.WaitAction(ctx, func(a Action) bool { return a.Field("ActionID") == "f1" }); err != nil {
-		t.Fatal(err)
+	for _, id := range []string{"f0", "f1", "f2", "f3"} {
+		if _, err := p.WaitAction(ctx, func(a Action) bool { return a.Field("ActionID") == id }); err != nil {
+			t.Fatalf("action %s while frozen: %v", id, err)
+		}
 	}
+	fresh.expectSilence(200 * time.Millisecond)
 	old.expectSilence(200 * time.Millisecond)
+	if db := p.DB(); len(db) != 0 {
+		t.Errorf("DBPut applied while frozen: %v", db)
+	}
 
 	if err := p.SetMode(ModeNormal); err != nil {
 		t.Fatal(err)
 	}
 	fresh.banner()
-	if got := old.read(2 * time.Second); !strings.HasPrefix(got, "Response: Success\r\nActionID: f1\r\nPing: Pong\r\n") {
-		t.Fatalf("after thaw: %q", got)
+	if got := fresh.read(2 * time.Second); !strings.HasPrefix(got, "Response: Success\r\nActionID: f0\r\n") {
+		t.Fatalf("the fresh session's login after thaw: %q", got)
+	}
+	for _, want := range []string{"Response: Success\r\nActionID: f1\r\nPing: Pong\r\n",
+		"Response: Success\r\nActionID: f2\r\n", "Response: Success\r\nActionID: f3\r\nPing: Pong\r\n"} {
+		if got := old.read(2 * time.Second); !strings.HasPrefix(got, want) {
+			t.Fatalf("after thaw: %q, want it to start %q", got, want)
+		}
+	}
+	if got := p.DB()["/f/k"]; got != "v" {
+		t.Errorf("DBPut after thaw: %v", p.DB())
 	}
 }
 

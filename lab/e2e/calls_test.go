@@ -134,7 +134,8 @@ func TestCallsSurviveFailover(t *testing.T) {
 		waitAudio(t, p, p.Status().Media, 10)
 	}
 	// The recorder writes a call's record within about a second of the
-	// answer or of the media going direct; the kill comes after them, and
+	// answer or of the media going direct; the kill comes after them (the
+	// adoption checked at the end needs them), and
 	// after a second of audio every way (the gaps are measured from a
 	// second before it).
 	records := waitRecords(t, ctx, st, 3, 5*time.Second)
@@ -356,23 +357,23 @@ func callKeys(ctx context.Context, st *stack.Stack, prefix string) ([]string, er
 	return out, err
 }
 
-// waitRecords waits until n calls are recorded, or within passes (the
-// test goes on: what was not recorded is not carried, which it then
-// shows).
+// waitRecords waits until n calls are recorded and fails the test if they
+// are not within the bound: a failover carries only recorded calls, so
+// without the records what follows would test nothing but their absence.
 func waitRecords(t *testing.T, ctx context.Context, st *stack.Stack, n int, within time.Duration) []string {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for {
-		keys, err := callKeys(ctx, st, "calls")
-		if err == nil && len(keys) >= n {
-			return keys
+	var keys []string
+	waittest.Succeeds(t, within, fmt.Sprintf("%d calls recorded in %s", n, events.CallsBucket), func() error {
+		var err error
+		if keys, err = callKeys(ctx, st, "calls"); err != nil {
+			return err
 		}
-		if time.Now().After(deadline) {
-			t.Logf("only %d of %d calls recorded in %s within %v (%v)", len(keys), n, events.CallsBucket, within, err)
-			return keys
+		if len(keys) < n {
+			return fmt.Errorf("%d of %d recorded: %v", len(keys), n, keys)
 		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return nil
+	})
+	return keys
 }
 
 // checkAdoption finds the failover's claim on n2 in the trail and its
