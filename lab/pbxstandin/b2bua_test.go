@@ -550,6 +550,11 @@ func TestCallAnchoredRelaysAudioUntilThePBXDies(t *testing.T) {
 	if r.from.Port != toB.port {
 		t.Errorf("B got audio from %s, want the port its SDP named (%d)", r.from, toB.port)
 	}
+	// The whole burst in before the crash: a packet of it still on its
+	// way would otherwise pass for one a dead stand-in relayed.
+	for range 4 {
+		waitRTP(t, b, time.Second)
+	}
 	send(b, toB.addr(), 5)
 	if r := waitRTP(t, a, time.Second); r.from.Port != toA.port {
 		t.Errorf("A got audio from %s", r.from)
