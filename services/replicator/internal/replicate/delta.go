@@ -560,16 +560,8 @@ func (w *target) applyDelta(ctx context.Context, d *fstree.Delta) (c chain, done
 	}
 	fm := &fstree.Manifest{Node: d.Node, Epoch: d.Epoch, Generation: d.Generation}
 	w.reportConflicts(ctx, fm, res.Conflicts)
-	var valve *fstree.ValveError
-	if errors.As(err, &valve) {
-		w.e.m.valve.WithLabelValues(w.t.Name).Inc()
-		w.alarmFrom(ctx, d.Node, events.AlarmSafetyValve, valve.Error(), int64(valve.Deletes), int64(valve.TargetFiles), fmt.Sprint(d.Generation))
-	}
-	a := events.ReplicationApplied{
-		Node: w.e.cfg.Node, Source: d.Node, Group: w.e.cfg.Group, Tree: w.t.Name, Epoch: d.Epoch,
-		Generation: d.Generation, Digest: d.Digest, Deleted: res.Deleted, Files: res.Files, Bytes: res.Bytes,
-		Conflicts: int64(len(res.Conflicts)), DurationMS: ms(time.Since(start)), Missing: res.Missing,
-	}
+	valve := w.valveHeld(ctx, err, d.Node, d.Generation)
+	a := w.appliedReport(d.Node, d.Epoch, d.Generation, d.Digest, res, err, start)
 	if err != nil {
 		outcome := "error"
 		if valve != nil {
@@ -577,13 +569,6 @@ func (w *target) applyDelta(ctx context.Context, d *fstree.Delta) (c chain, done
 		}
 		w.e.m.passes.WithLabelValues(w.t.Name, "target", outcome).Inc()
 		w.log.Warn("delta apply failed", "seq", d.Seq, "generation", d.Generation, "err", err)
-		a.Error = err.Error()
-		if len(a.Error) > 1024 {
-			a.Error = a.Error[:1024]
-		}
-		if len(a.Missing) > 500 {
-			a.Missing = a.Missing[:500]
-		}
 		switch {
 		case valve != nil:
 			// The holder answers the refusal with its full manifest, which
@@ -705,26 +690,8 @@ func (w *target) compareScan(ctx context.Context, res fstree.ScanResult) {
 	w.reportConflicts(ctx, m, res2.Conflicts)
 	w.log.Info("periodic check repaired local changes", "files", res2.Files, "deleted", res2.Deleted,
 		"fixed", res2.MetaFixed, "err", err)
-	var valve *fstree.ValveError
-	if errors.As(err, &valve) {
-		w.e.m.valve.WithLabelValues(w.t.Name).Inc()
-		w.alarmFrom(ctx, w.appliedNode, events.AlarmSafetyValve, valve.Error(), int64(valve.Deletes), int64(valve.TargetFiles), fmt.Sprint(w.appliedGen))
-	}
-	a := events.ReplicationApplied{
-		Node: w.e.cfg.Node, Source: w.appliedNode, Group: w.e.cfg.Group, Tree: w.t.Name, Epoch: w.appliedEp,
-		Generation: w.appliedGen, Digest: w.appliedDigest, Deleted: res2.Deleted, Files: res2.Files, Bytes: res2.Bytes,
-		Conflicts: int64(len(res2.Conflicts)), DurationMS: ms(time.Since(start)), Missing: res2.Missing,
-	}
-	if err != nil {
-		a.Error = err.Error()
-		if len(a.Error) > 1024 {
-			a.Error = a.Error[:1024]
-		}
-		if len(a.Missing) > 500 {
-			a.Missing = a.Missing[:500]
-		}
-	}
-	w.e.emit(ctx, a, events.WithEpoch(w.appliedEp))
+	w.valveHeld(ctx, err, w.appliedNode, w.appliedGen)
+	w.e.emit(ctx, w.appliedReport(w.appliedNode, w.appliedEp, w.appliedGen, w.appliedDigest, res2, err, start), events.WithEpoch(w.appliedEp))
 }
 
 // passNotified publishes what notifications named: a delta once this

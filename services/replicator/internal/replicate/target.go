@@ -168,11 +168,7 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 	}
 	changed := res.Files+res.Deleted+res.MetaFixed+int64(len(res.Conflicts)) > 0
 	w.reportConflicts(ctx, m, res.Conflicts)
-	var valve *fstree.ValveError
-	if errors.As(err, &valve) {
-		w.e.m.valve.WithLabelValues(w.t.Name).Inc()
-		w.alarmFrom(ctx, m.Node, events.AlarmSafetyValve, valve.Error(), int64(valve.Deletes), int64(valve.TargetFiles), fmt.Sprint(m.Generation))
-	}
+	valve := w.valveHeld(ctx, err, m.Node, m.Generation)
 	outcome := "applied"
 	if err != nil {
 		outcome = "error"
@@ -204,21 +200,9 @@ func (w *target) apply(ctx context.Context, force bool) bool {
 		w.e.m.files.WithLabelValues(w.t.Name, "target").Add(float64(res.Files))
 		w.e.m.bytes.WithLabelValues(w.t.Name, "target").Add(float64(res.Bytes))
 	}
-	a := events.ReplicationApplied{
-		Node: w.e.cfg.Node, Source: m.Node, Group: w.e.cfg.Group, Tree: w.t.Name, Epoch: m.Epoch,
-		Generation: m.Generation, Digest: m.Digest, Deleted: res.Deleted,
-		Files: res.Files + w.progressDone.Files, Bytes: res.Bytes + w.progressDone.Bytes,
-		Conflicts: int64(len(res.Conflicts)), DurationMS: ms(time.Since(start)), Missing: res.Missing,
-	}
-	if err != nil {
-		a.Error = err.Error()
-		if len(a.Error) > 1024 {
-			a.Error = a.Error[:1024]
-		}
-		if len(a.Missing) > 500 {
-			a.Missing = a.Missing[:500]
-		}
-	}
+	a := w.appliedReport(m.Node, m.Epoch, m.Generation, m.Digest, res, err, start)
+	a.Files += w.progressDone.Files
+	a.Bytes += w.progressDone.Bytes
 	w.e.emit(ctx, a, events.WithEpoch(m.Epoch))
 	w.progressDone = fstree.ApplyResult{}
 	w.log.Debug("applied", "generation", m.Generation, "files", res.Files, "bytes", res.Bytes, "deleted", res.Deleted,
@@ -352,4 +336,37 @@ func (w *target) applyProgress(ctx context.Context, floor uint64) {
 	}
 	w.log.Debug("progress applied", "generation", p.Generation, "files", res.Files, "bytes", res.Bytes,
 		"err", err, "ms", time.Since(start).Milliseconds())
+}
+
+// valveHeld raises the safety valve's alarm when err is its refusal of
+// what source published as gen, and returns that refusal (nil: none).
+func (w *target) valveHeld(ctx context.Context, err error, source string, gen uint64) *fstree.ValveError {
+	var valve *fstree.ValveError
+	if !errors.As(err, &valve) {
+		return nil
+	}
+	w.e.m.valve.WithLabelValues(w.t.Name).Inc()
+	w.alarmFrom(ctx, source, events.AlarmSafetyValve, valve.Error(), int64(valve.Deletes), int64(valve.TargetFiles), fmt.Sprint(gen))
+	return valve
+}
+
+// appliedReport is the trail's record of an apply of what source published
+// as gen (a full manifest, a delta, or a repair back to it), its error and
+// missing list cut to what an event carries.
+func (w *target) appliedReport(source string, epoch, gen uint64, digest string, res fstree.ApplyResult, err error, start time.Time) events.ReplicationApplied {
+	a := events.ReplicationApplied{
+		Node: w.e.cfg.Node, Source: source, Group: w.e.cfg.Group, Tree: w.t.Name, Epoch: epoch,
+		Generation: gen, Digest: digest, Deleted: res.Deleted, Files: res.Files, Bytes: res.Bytes,
+		Conflicts: int64(len(res.Conflicts)), DurationMS: ms(time.Since(start)), Missing: res.Missing,
+	}
+	if err != nil {
+		a.Error = err.Error()
+		if len(a.Error) > 1024 {
+			a.Error = a.Error[:1024]
+		}
+		if len(a.Missing) > 500 {
+			a.Missing = a.Missing[:500]
+		}
+	}
+	return a
 }
