@@ -172,7 +172,13 @@ func Apply(ctx context.Context, sc *Scanner, want []Entry, o ApplyOptions) (Appl
 	if err != nil {
 		return ApplyResult{}, fmt.Errorf("apply: scan target: %w", err)
 	}
-	p, err := Plan(wanted, local.Entries, o, Owner{UID: t.uid, GID: t.gid})
+	return planAndExecute(ctx, sc, t, wanted, local.Entries, o, beforeExecute)
+}
+
+// planAndExecute plans what turns local into wanted and carries it out,
+// calling beforeExecute (when set) once the plan is made.
+func planAndExecute(ctx context.Context, sc *Scanner, t *tree, wanted, local []Entry, o ApplyOptions, beforeExecute func()) (ApplyResult, error) {
+	p, err := Plan(wanted, local, o, Owner{UID: t.uid, GID: t.gid})
 	if err != nil {
 		return ApplyResult{}, err
 	}

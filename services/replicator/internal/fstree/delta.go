@@ -205,14 +205,7 @@ func ApplyDelta(ctx context.Context, sc *Scanner, changed []Entry, deleted []str
 	// Only the named paths were looked at: a local entry the delta keeps
 	// (listed in changed with the same kind) is not deleted, and one it
 	// does not name is not seen at all.
-	p, err := Plan(wanted, local.Entries, o, Owner{UID: t.uid, GID: t.gid})
-	if err != nil {
-		return ApplyResult{}, err
-	}
-	if beforeExecute != nil {
-		beforeExecute()
-	}
-	return p.execute(ctx, sc, t, o)
+	return planAndExecute(ctx, sc, t, wanted, local.Entries, o, beforeExecute)
 }
 
 // DiffAll is Diff for a scan of the whole tree: every path of cur that
